@@ -1,0 +1,45 @@
+# npumoe-lab: `make demo` and `make test` set everything up from this repository's own files.
+PY      ?= python3.11
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)
+export NPUMOE_THREADS ?= 2
+
+.PHONY: setup test demo bench lock clean-venv notebooks
+
+setup: $(STAMP)
+
+$(VENV)/bin/python:
+	@command -v $(PY) >/dev/null 2>&1 || { echo "need Python 3.11 ($(PY)) on PATH"; exit 1; }
+	$(PY) -m venv $(VENV)
+
+# Install only when requirements.lock or pyproject.toml changed since the last install.
+$(STAMP): $(VENV)/bin/python requirements.lock pyproject.toml
+	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	rm -f $(VENV)/.installed-*; touch $(STAMP)
+
+test: setup
+	NPUMOE_NO_PROGRESS=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+demo: setup
+	$(BIN)/python -m npumoe_lab.experiments.demo --out results/demo
+
+bench: setup
+	$(BIN)/python bench/moe_layer.py $(BENCH_ARGS)
+
+notebooks: setup
+	$(BIN)/jupytext --sync notebooks/*.py
+
+# Re-resolve the full pin set from requirements.in (needs the package registries).
+lock: SHELL:=/bin/bash
+lock:
+	rm -rf /tmp/npumoe-lock && $(PY) -m venv /tmp/npumoe-lock
+	/tmp/npumoe-lock/bin/pip install --quiet torch==2.13.0
+	/tmp/npumoe-lock/bin/pip install --quiet -r requirements.in -c <(echo torch==2.13.0)
+	/tmp/npumoe-lock/bin/pip freeze --exclude-editable | grep -v '^npumoe' > requirements.lock
+
+clean-venv:
+	rm -rf $(VENV)

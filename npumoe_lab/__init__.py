@@ -1,0 +1,45 @@
+"""npumoe-lab: a research workbench for Mixture-of-Experts LLM prefill on static-shape NPUs (after NPUMoE).
+
+Public API (names are fixed: notebooks and users' scripts depend on them):
+    load_model(name_or_path, dtype=None) -> (model, tokenizer)      "tiny" = the bundled trained model
+    attach(model, plan=None, **options) -> model                     workbench experts path (None = dropless)
+    detach(model) -> model                                           back to HF's own experts implementation
+    capture_routing(model, input_ids, attention_mask=None)           one RoutingRecord per MoE layer
+    describe(model) -> list[MoELayerSpec]
+    calibrate(model, tokenizer, workload=..., chunk=..., tokens=...) -> CalibrationProfile
+    build_plan(profile, model, tiers=3, group_size=..., ...) -> Plan
+    prefill(model, input_ids, chunk, platform=..., attention="npu") -> PrefillResult with a timeline
+    run_experiment(...) -> pandas.DataFrame of result rows           (the `npumoe-lab run` command)
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "load_model": "models", "describe": "models", "model_fingerprint": "models",
+    "attach": "experts", "detach": "experts",
+    "capture_routing": "routing",
+    "calibrate": "calibration", "CalibrationProfile": "calibration",
+    "build_plan": "plan", "Plan": "plan",
+    "chunked_prefill": "prefill",
+    "get_platform": "devices", "list_platforms": "devices",
+    "get_workload": "workloads", "list_workloads": "workloads",
+    "run_experiment": "experiments.runner",
+    "load_results": "experiments.store",
+    "NpuMoeError": "errors",
+    "VARIANTS": "variants",
+}
+
+
+def __getattr__(name):  # import parts lazily: `import npumoe_lab` stays fast, and a missing part fails late
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    if name == "prefill":
+        return importlib.import_module(".api", __name__).prefill
+    raise AttributeError(f"module 'npumoe_lab' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY) + ["prefill"])

@@ -1,0 +1,54 @@
+"""`npumoe-lab` console script. Each subcommand lives next to the code it drives: a module listed in
+SUBCOMMANDS defines `register_cli(subparsers)` that adds its parser and sets `func=handler(args) -> int`."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import NpuMoeError
+
+# module (relative to npumoe_lab) -> subcommands it provides (imported lazily so `--help` stays fast)
+SUBCOMMANDS = {
+    "train.trainer": ["train-tiny"],
+    "calibration": ["calibrate"],
+    "plan": ["plan"],
+    "experiments.runner": ["run", "platforms"],
+    "experiments.sweep": ["sweep"],
+    "plots": ["figures"],
+    "graphs.convert": ["convert"],
+}
+
+
+def build_parser(argv) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="npumoe-lab", description="NPUMoE research workbench")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = argv[0] if argv else None
+    for module, commands in SUBCOMMANDS.items():
+        if wanted in (None, "-h", "--help") or wanted in commands:
+            try:
+                mod = importlib.import_module(f"npumoe_lab.{module}")
+            except ModuleNotFoundError as exc:  # a part not built yet: keep the others working
+                if not exc.name or not exc.name.startswith("npumoe_lab"):
+                    raise
+                continue
+            mod.register_cli(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except NpuMoeError as exc:
+        print(f"npumoe-lab {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

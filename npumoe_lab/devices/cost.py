@@ -1,0 +1,108 @@
+"""What an operation costs a device: FLOPs, bytes moved from memory, and device dispatches.
+
+Pure arithmetic, no device knowledge: a DeviceModel (platform.py) turns an OpCost into seconds. FLOPs count
+2 per multiply-accumulate (the convention of the ANE/CPU throughput sources in ANE_PARAMETERS.md).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import NpuMoeError
+
+
+def _check_count(what: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise NpuMoeError(f"{what} must be an integer >= {minimum}, got {value!r}; pass a whole number")
+    return value
+
+
+def _check_amount(what: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise NpuMoeError(f"{what} must be a finite number >= 0, got {value!r}; pass a non-negative number")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """One operation as a device sees it. `calls` = device dispatches (graph calls) the op needs."""
+    name: str
+    flops: float
+    bytes: float
+    calls: int = 1
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise NpuMoeError(f"OpCost name must be a non-empty string, got {self.name!r}; name the op (e.g. 'router')")
+        object.__setattr__(self, "flops", _check_amount(f"OpCost {self.name!r} flops", self.flops))
+        object.__setattr__(self, "bytes", _check_amount(f"OpCost {self.name!r} bytes", self.bytes))
+        _check_count(f"OpCost {self.name!r} calls", self.calls)
+
+    @property
+    def intensity(self) -> float:
+        """FLOP per byte (arithmetic intensity); inf for a byte-free op."""
+        return self.flops / self.bytes if self.bytes else math.inf
+
+    @staticmethod
+    def combine(name: str, *ops: "OpCost") -> "OpCost":
+        """Several ops run as one: FLOPs, bytes and calls add up."""
+        if not ops:
+            raise NpuMoeError(f"OpCost.combine({name!r}) got no ops; pass at least one OpCost")
+        return OpCost(name, sum(o.flops for o in ops), sum(o.bytes for o in ops), sum(o.calls for o in ops))
+
+
+def expert_ffn_cost(n_experts_in_graph: int, capacity: int, hidden: int, intermediate: int,
+                    dtype_bytes: int = 2, calls: int = 1, name: str = "expert_group") -> OpCost:
+    """SwiGLU experts over a packed [G, C, H] buffer (gate, up: H->I; down: I->H).
+
+    flops = 3 GEMMs x 2*G*C*H*I = 6*G*C*H*I (elementwise SiLU/mul are O(G*C*I), ignored).
+    bytes = weights 3*G*H*I + activations in [G,C,H] and out [G,C,H], times dtype_bytes. The [G,C,I] intermediates
+    are assumed to stay on chip inside one graph (they are not streamed from memory).
+    """
+    g = _check_count("n_experts_in_graph", n_experts_in_graph)
+    c = _check_count("capacity", capacity)
+    h = _check_count("hidden", hidden)
+    i = _check_count("intermediate", intermediate)
+    db = _check_count("dtype_bytes", dtype_bytes)
+    flops = 6.0 * g * c * h * i
+    nbytes = (3.0 * g * h * i + 2.0 * g * c * h) * db
+    return OpCost(name, flops, nbytes, calls)
+
+
+def attention_cost(chunk: int, past: int, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int,
+                   dtype_bytes: int = 2, name: str = "attention") -> OpCost:
+    """One attention layer over a chunk of new tokens attending to past+chunk keys (GQA).
+
+    A static-shape graph computes the full [chunk, past+chunk] score block (causal masking does not skip work),
+    so scores and the weighted sum are counted in full. Softmax, RoPE and norms are ignored (O(chunk*keys)).
+    bytes = projection weights + x in/out + KV cache read (past+chunk keys) + KV write of the chunk.
+    """
+    t = _check_count("chunk", chunk)
+    p = _check_count("past", past, minimum=0)
+    h = _check_count("hidden", hidden)
+    nh = _check_count("n_heads", n_heads)
+    nkv = _check_count("n_kv_heads", n_kv_heads)
+    hd = _check_count("head_dim", head_dim)
+    db = _check_count("dtype_bytes", dtype_bytes)
+    if nh % nkv:
+        raise NpuMoeError(f"n_heads={nh} is not a multiple of n_kv_heads={nkv}; pass the model's GQA head counts")
+    q_dim, kv_dim, keys = nh * hd, nkv * hd, p + t
+    proj_weights = h * q_dim + 2 * h * kv_dim + q_dim * h
+    flops = 2.0 * t * proj_weights + 2 * (2.0 * nh * t * keys * hd)
+    nbytes = (proj_weights + 2 * t * h + 2 * keys * kv_dim + 2 * t * kv_dim) * float(db)
+    return OpCost(name, flops, nbytes, 1)
+
+
+def dense_cost(rows: int, in_features: int, out_features: int, dtype_bytes: int = 2,
+               name: str = "dense") -> OpCost:
+    """y[rows, out] = x[rows, in] @ W[in, out] (router, shared experts, lm head)."""
+    r = _check_count("rows", rows)
+    k = _check_count("in_features", in_features)
+    n = _check_count("out_features", out_features)
+    db = _check_count("dtype_bytes", dtype_bytes)
+    return OpCost(name, 2.0 * r * k * n, (k * n + r * k + r * n) * float(db), 1)
+
+
+def memory_cost(nbytes: float, name: str, calls: int = 1) -> OpCost:
+    """A bandwidth-bound op (pack, scatter, gather): no arithmetic, `nbytes` moved."""
+    return OpCost(name, 0.0, nbytes, calls)

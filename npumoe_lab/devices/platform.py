@@ -1,0 +1,243 @@
+"""Platform profiles: an NPU role and a CPU role, each a roofline DeviceModel with sourced parameters.
+
+A platform is a YAML file in `platforms/`. Every parameter is `{value, unit, source, confidence, note}` (values in SI
+units, named by the key's suffix: `_s`, `_flops` = FLOP/s, `_bytes_s` = B/s, `_w`, `_hz`). A parameter may list
+`alternatives` (named values from other sources); an override may name one of them instead of a number.
+`kind: modeled` platforms (Apple chips) give time from the model; the `cpu` platform (this host) is `measured`:
+runs time it for real, and its model numbers come from the host profile (hostprofile.py), for residency's use.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from ..errors import NpuMoeError
+from ..utils import sha256_json
+
+PLATFORM_DIR = Path(__file__).resolve().parent / "platforms"
+KINDS = ("modeled", "measured")
+ROLES = ("npu", "cpu")
+FIELDS = ("value", "unit", "source", "confidence", "note")
+CONFIDENCE = ("H", "M", "L")
+REQUIRED = {
+    "npu": ("dispatch_s", "sync_s", "throughput_flops", "bandwidth_bytes_s", "graph_limit_bytes", "max_dim",
+            "active_power_w", "idle_power_w"),
+    "cpu": ("cores", "throughput_flops", "bandwidth_bytes_s", "op_overhead_s", "power_per_core_w",
+            "idle_power_w", "freq_hz"),
+}
+
+
+def _number(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """One role of a platform. estimate() = calls*(dispatch+sync+op_overhead) + max(flops/throughput, bytes/bw)."""
+    role: str
+    kind: str
+    throughput_flops: float
+    bandwidth_bytes_s: float
+    active_power_w: float
+    idle_power_w: float
+    dispatch_s: float = 0.0          # npu: Core ML per-prediction overhead
+    sync_s: float = 0.0              # npu: CPU<->NPU synchronisation per call
+    op_overhead_s: float = 0.0       # cpu: framework overhead per op call
+    graph_limit_bytes: float | None = None
+    max_dim: int | None = None
+    freq_hz: float | None = None     # cpu: clock used to turn busy seconds into cycles
+    cores: int | None = None
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise NpuMoeError(f"DeviceModel role {self.role!r} is unknown; use one of {', '.join(ROLES)}")
+        if self.kind not in KINDS:
+            raise NpuMoeError(f"DeviceModel kind {self.kind!r} is unknown; use one of {', '.join(KINDS)}")
+        for f in ("throughput_flops", "bandwidth_bytes_s"):
+            if not _number(getattr(self, f)) or getattr(self, f) <= 0:
+                raise NpuMoeError(f"{self.role} {f} must be a positive number, got {getattr(self, f)!r}")
+        for f in ("active_power_w", "idle_power_w", "dispatch_s", "sync_s", "op_overhead_s"):
+            if not _number(getattr(self, f)) or getattr(self, f) < 0:
+                raise NpuMoeError(f"{self.role} {f} must be a number >= 0, got {getattr(self, f)!r}")
+        for f in ("graph_limit_bytes", "max_dim", "freq_hz", "cores"):
+            v = getattr(self, f)
+            if v is not None and (not _number(v) or v <= 0):
+                raise NpuMoeError(f"{self.role} {f} must be a positive number or None, got {v!r}")
+
+    @property
+    def call_overhead_s(self) -> float:
+        return self.dispatch_s + self.sync_s + self.op_overhead_s
+
+    def estimate(self, op) -> float:
+        """Modeled seconds for `op` (an OpCost): fixed cost per call plus the roofline bound."""
+        return op.calls * self.call_overhead_s + max(op.flops / self.throughput_flops,
+                                                     op.bytes / self.bandwidth_bytes_s)
+
+    def fits_graph(self, weight_bytes: float, dims=()) -> bool:
+        """Whether a static graph with these weights and tensor dims stays on this device (NPU limits)."""
+        if self.graph_limit_bytes is not None and weight_bytes > self.graph_limit_bytes:
+            return False
+        return self.max_dim is None or all(d <= self.max_dim for d in dims)
+
+
+@dataclass(frozen=True)
+class Platform:
+    name: str
+    description: str
+    kind: str
+    npu: DeviceModel
+    cpu: DeviceModel
+    npu_shares_cpu: bool
+    params: dict
+    hash: str
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise NpuMoeError(f"platform {self.name!r} kind {self.kind!r} is unknown; use one of {', '.join(KINDS)}")
+        if (self.npu.role, self.cpu.role) != ("npu", "cpu"):
+            raise NpuMoeError(f"platform {self.name!r} roles are swapped; npu= takes the npu role, cpu= the cpu role")
+
+    def device(self, role: str) -> DeviceModel:
+        if role not in ROLES:
+            raise NpuMoeError(f"device role {role!r} is unknown; use one of {', '.join(ROLES)}")
+        return self.npu if role == "npu" else self.cpu
+
+    def provenance(self) -> dict:
+        return {"platform_profile": self.name, "platform_hash": self.hash}
+
+
+def list_platforms() -> list[str]:
+    return sorted(p.stem for p in PLATFORM_DIR.glob("*.yaml"))
+
+
+@functools.lru_cache(maxsize=None)
+def _read_yaml(name: str) -> dict:
+    path = PLATFORM_DIR / f"{name}.yaml"
+    if not isinstance(name, str) or name not in list_platforms():
+        raise NpuMoeError(f"unknown platform {name!r}; valid platforms: {', '.join(list_platforms())}")
+    with open(path) as f:
+        raw = yaml.safe_load(f)
+    _validate(raw, path)
+    return raw
+
+
+def _validate(raw, path: Path) -> None:
+    if not isinstance(raw, dict):
+        raise NpuMoeError(f"{path}: not a mapping; a platform file needs name, description, kind, npu, cpu")
+    for key in ("name", "description", "kind", "npu_shares_cpu", "npu", "cpu"):
+        if key not in raw:
+            raise NpuMoeError(f"{path}: missing top-level key {key!r}; add it (see m2-max.yaml)")
+    if raw["name"] != path.stem:
+        raise NpuMoeError(f"{path}: name {raw['name']!r} differs from the file name; make them equal")
+    if raw["kind"] not in KINDS or not isinstance(raw["npu_shares_cpu"], bool):
+        raise NpuMoeError(f"{path}: kind must be one of {KINDS} and npu_shares_cpu a boolean")
+    for role, keys in REQUIRED.items():
+        missing = [k for k in keys if k not in raw[role]]
+        if missing:
+            raise NpuMoeError(f"{path}: {role} lacks parameters {missing}; add them with {', '.join(FIELDS)}")
+        for key, entry in raw[role].items():
+            where = f"{path}: {role}.{key}"
+            if not isinstance(entry, dict) or any(f not in entry for f in FIELDS):
+                raise NpuMoeError(f"{where} must have all of {', '.join(FIELDS)}")
+            if not all(isinstance(entry[f], str) and entry[f].strip() for f in FIELDS[1:]):
+                raise NpuMoeError(f"{where}: unit, source, confidence and note must be non-empty text")
+            if entry["confidence"] not in CONFIDENCE:
+                raise NpuMoeError(f"{where}: confidence {entry['confidence']!r} must be one of {CONFIDENCE}")
+            if "from_host_profile" in entry or "derived_from" in entry:
+                continue  # filled in at load time (host profile; cpu_active_power = cpu power_per_core_w x cores)
+            if not _number(entry["value"]) or entry["value"] < 0:
+                raise NpuMoeError(f"{where}: value {entry['value']!r} is not a number >= 0 (write floats as 5.4e+12)")
+            for alt, v in entry.get("alternatives", {}).items():
+                if not _number(v) or v < 0:
+                    raise NpuMoeError(f"{where}: alternative {alt!r} = {v!r} is not a number >= 0")
+
+
+def _apply_override(params: dict, knob: str, value) -> None:
+    role, _, key = knob.partition("_")
+    entry = params.get(role, {}).get(key) if role in ROLES else None
+    if entry is None:
+        valid = [f"{r}_{k}" for r in ROLES for k in params[r]]
+        raise NpuMoeError(f"unknown platform override {knob!r}; valid knobs: {', '.join(valid)}")
+    alternatives = entry.get("alternatives", {})
+    if isinstance(value, str):
+        if value not in alternatives:
+            raise NpuMoeError(f"override {knob}={value!r} names no alternative; use a number or one of "
+                              f"{', '.join(alternatives) or '(none listed)'}")
+        label, value = f"alternative {value!r}", alternatives[value]
+    elif _number(value) and value >= 0:
+        label = "override"
+    else:
+        raise NpuMoeError(f"override {knob}={value!r} must be a number >= 0 or an alternative name")
+    entry["note"] = f"{label} of {entry['value']!r} ({entry['source']}); original note: {entry['note']}"
+    entry.update(value=value, source=f"{label} (get_platform {knob}=...)", confidence="L")
+
+
+def _fill_derived(params: dict) -> None:
+    """`derived_from: cpu_active_power` (host: the NPU role runs on the CPU's cores, at the CPU's power)."""
+    for role in ROLES:
+        for name, entry in params[role].items():
+            if entry.get("derived_from") == "cpu_active_power" and entry["value"] is None:
+                cpu = params["cpu"]
+                entry["value"] = cpu["power_per_core_w"]["value"] * cpu["cores"]["value"]
+            elif entry.get("derived_from") is not None and entry["value"] is None:
+                raise NpuMoeError(f"{role}.{name}: unknown derived_from {entry['derived_from']!r}; "
+                                  f"only cpu_active_power is defined")
+
+
+def _device(role: str, kind: str, p: dict) -> DeviceModel:
+    v = {k: e["value"] for k, e in p.items()}
+    common = dict(role=role, kind=kind, throughput_flops=v["throughput_flops"],
+                  bandwidth_bytes_s=v["bandwidth_bytes_s"], idle_power_w=v["idle_power_w"])
+    if role == "npu":
+        return DeviceModel(**common, active_power_w=v["active_power_w"], dispatch_s=v["dispatch_s"],
+                           sync_s=v["sync_s"], graph_limit_bytes=v["graph_limit_bytes"], max_dim=int(v["max_dim"]))
+    cores = int(v["cores"])
+    return DeviceModel(**common, active_power_w=v["power_per_core_w"] * cores, op_overhead_s=v["op_overhead_s"],
+                       freq_hz=v["freq_hz"], cores=cores)
+
+
+def get_platform(name: str, **overrides) -> Platform:
+    """Load platform `name`; overrides like npu_dispatch_s=2e-4 or npu_throughput_flops="fused_block"."""
+    raw = copy.deepcopy(_read_yaml(name))
+    params = {role: raw[role] for role in ROLES}
+    if name == "cpu" or any("from_host_profile" in e for r in ROLES for e in params[r].values()):
+        from .hostprofile import fill_host_params
+        fill_host_params(params)
+    for knob, value in sorted(overrides.items()):
+        _apply_override(params, knob, value)
+    _fill_derived(params)
+    header = {k: raw[k] for k in ("name", "kind", "npu_shares_cpu")}
+    digest = sha256_json({**header, "params": params})
+    return Platform(name=name, description=raw["description"].strip(), kind=raw["kind"],
+                    npu=_device("npu", raw["kind"], params["npu"]), cpu=_device("cpu", raw["kind"], params["cpu"]),
+                    npu_shares_cpu=raw["npu_shares_cpu"], params={**header, **params,
+                                                                  "assumptions": raw.get("assumptions", [])},
+                    hash=digest)
+
+
+def format_platforms() -> str:
+    """Table of all platforms (for `npumoe-lab platforms`), then the source of each key parameter."""
+    cols = ("name", "kind", "npu TF/s", "npu GB/s", "call ms", "graph GB", "npu W", "cpu cores", "cpu TF/s",
+            "cpu GB/s", "cpu W", "cpu GHz")
+    rows, sources = [], []
+    for name in list_platforms():
+        p = get_platform(name)
+        n, c = p.npu, p.cpu
+        rows.append((name, p.kind, f"{n.throughput_flops / 1e12:.2f}", f"{n.bandwidth_bytes_s / 1e9:.1f}",
+                     f"{(n.dispatch_s + n.sync_s) * 1e3:.3f}", f"{n.graph_limit_bytes / 1e9:.2f}",
+                     f"{n.active_power_w:.2f}", str(c.cores), f"{c.throughput_flops / 1e12:.2f}",
+                     f"{c.bandwidth_bytes_s / 1e9:.1f}", f"{c.active_power_w:.1f}", f"{c.freq_hz / 1e9:.2f}"))
+        sources.append(f"{name} ({p.kind}, hash {p.hash[:12]}): {p.description}")
+        for role in ROLES:
+            for key in ("throughput_flops", "bandwidth_bytes_s", "dispatch_s", "power_per_core_w", "active_power_w"):
+                e = p.params[role].get(key)
+                if e is not None:
+                    sources.append(f"  {role}.{key} = {e['value']:g} {e['unit']} [{e['confidence']}]: {e['source']}")
+    widths = [max(len(str(r[i])) for r in (cols, *rows)) for i in range(len(cols))]
+    line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip()
+    return "\n".join([line(cols), line(["-" * w for w in widths]), *map(line, rows), "", "Sources:", *sources])

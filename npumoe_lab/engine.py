@@ -1,0 +1,193 @@
+"""Executes a plan inside HF's forward: routing -> saliency pruning -> pack groups -> NPU/CPU -> scatter.
+
+`PlanExecutor` is what `attach(model, plan)` installs as the experts executor of every MoE layer. It keeps
+the plan's static layout and each group's pre-stacked weights (what a compiled static graph holds), and per
+call: scores assignments, packs each resident group's [G, C, H] buffer, runs cold experts on the CPU role
+(dynamic, dropless by default), optionally spills overflow to the CPU (`npumoe-spill`), and scatters back.
+Every op goes through `self.clock`, which the prefill driver (`prefill.py`) sets to time and place it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import NpuMoeError
+from .packing import GroupSlice, Layout, dropless_layout, group_ffn, pack, plan_dispatch, scatter
+
+COLD_MODES = ("dynamic", "static")
+
+
+def _get(obj, key, default=None):
+    return obj.get(key, default) if isinstance(obj, dict) else getattr(obj, key, default)
+
+
+@dataclass
+class LayerStats:
+    """Counts for one MoE layer call (one chunk): the drop/pad accounting of the static path."""
+    routed: int = 0      # real assignments routed
+    dropped: int = 0     # assignments that contributed nothing
+    spilled: int = 0     # overflow computed on the CPU instead of dropped
+    slots: int = 0       # static slots computed (resident + static cold groups)
+    padded: int = 0      # of which zero padding
+    npu_calls: int = 0
+
+
+class NullClock:
+    """Runs ops without timing (plain `attach(model, plan)` outside a timed prefill)."""
+    chunk = 0
+    pad_mask = None  # [T] bool, True for padding tokens of the current chunk
+
+    def op(self, name, role, layer, cost, fn, *args, deps=()):
+        return fn(*args), None
+
+    def layer_stats(self, layer, stats):
+        pass
+
+
+@dataclass
+class PlanExecutor:
+    plan: object
+    handles: list
+    saliency: str | None = None          # None: the plan's rule
+    renormalize: bool | None = None      # None: the plan's setting
+    spill: bool = False                  # overflow -> CPU (dropless) instead of dropped
+    cold: str = "dynamic"                # cold experts on the CPU at actual load, or at their static capacity
+    npu_dtype: torch.dtype | None = None  # e.g. torch.float16 where the modeled NPU computes fp16
+    seed: int = 0
+    clock: object = field(default_factory=NullClock)
+
+    def __post_init__(self):
+        if self.cold not in COLD_MODES:
+            raise NpuMoeError(f"cold={self.cold!r} is not a cold-expert mode; use one of {COLD_MODES}")
+        from .saliency import SALIENCY_RULES
+        rule = self.saliency or _get(self.plan, "saliency", "weight_x_norm")
+        if rule not in SALIENCY_RULES:
+            raise NpuMoeError(f"unknown saliency rule {rule!r}; valid rules: {', '.join(SALIENCY_RULES)}")
+        self.saliency = rule
+        if self.renormalize is None:
+            self.renormalize = bool(_get(self.plan, "renormalize", False))
+        self._layers = {int(_get(lp, "layer")): lp for lp in _get(self.plan, "layers")}
+        missing = [h.layer for h in self.handles if h.layer not in self._layers]
+        if missing:
+            raise NpuMoeError(f"the plan has no entry for MoE layers {missing}: it was built for another model")
+        self._static = {}  # layer -> (Layout, cold expert mask, stacked weights per group)
+
+    # -- static part, built once per layer: the "compiled graphs" -----------------------------------------
+    def _compiled(self, handle):
+        if handle.layer in self._static:
+            return self._static[handle.layer]
+        lp = self._layers[handle.layer]
+        E = handle.weights.n_experts
+        groups, cold = [], torch.zeros(E, dtype=torch.bool)
+        for g in _get(lp, "groups"):
+            resident = bool(_get(g, "resident", True))
+            experts = tuple(int(e) for e in _get(g, "experts"))
+            if not resident:
+                cold[list(experts)] = True
+            if resident or self.cold == "static":
+                groups.append((experts, int(_get(g, "capacity")), resident, int(_get(g, "id", len(groups)))))
+        layout = _layout_with_gaps(E, groups)
+        weights = []
+        for gs in layout.groups:
+            w = handle.weights.select(gs.experts).contiguous()
+            weights.append(w.to(self.npu_dtype) if (gs.resident and self.npu_dtype is not None) else w)
+        self._static[handle.layer] = (layout, cold, weights)
+        return self._static[handle.layer]
+
+    # -- per call --------------------------------------------------------------------------------------------
+    def __call__(self, handle, hidden, top_k_index, top_k_weights):
+        from .saliency import saliency_scores
+        clock, layer, K = self.clock, handle.layer, top_k_index.shape[1]
+        layout, cold, gweights = self._compiled(handle)
+        if bool(torch.isnan(hidden).any()):
+            raise NpuMoeError(f"NaN in the hidden states entering MoE layer {layer} at prefill chunk {clock.chunk}; "
+                              "check the model weights/dtype (fp16 overflow?) and the input")
+        active = torch.ones_like(top_k_index, dtype=torch.bool)
+        if clock.pad_mask is not None:          # padding tokens of the last chunk never take capacity
+            active &= ~clock.pad_mask.view(-1, 1)
+        cold_assign = cold[top_k_index] & active if self.cold == "dynamic" else torch.zeros_like(active)
+        static_assign = active & ~cold_assign
+        stats = LayerStats(routed=int(active.sum()))
+
+        def route():
+            norms = hidden.float().norm(dim=-1)
+            scores = saliency_scores(self.saliency, top_k_weights, norms, seed=self.seed + 7919 * layer)
+            return plan_dispatch(top_k_index, _masked(top_k_weights, static_assign), layout, scores=scores,
+                                 renormalize=self.renormalize, active=static_assign)[0]
+        dispatch, ev_pack = clock.op("dispatch", "cpu", layer, ("sort", top_k_index.numel()), route)
+        packed, ev_pack = clock.op("pack", "cpu", layer, ("pack", layout.total_rows, hidden), pack, hidden,
+                                   dispatch, deps=(ev_pack,))
+        out = torch.empty_like(packed)
+        group_events = []
+        for gs, w in zip(layout.groups, gweights):
+            x = packed[gs.start:gs.start + gs.rows].view(len(gs.experts), gs.capacity, -1)
+            role = "npu" if gs.resident else "cpu"
+            y, ev = clock.op(f"group{gs.group_id}", role, layer, ("ffn", gs, w), _run_group, x, w,
+                             deps=(ev_pack,))
+            out[gs.start:gs.start + gs.rows] = y.reshape(gs.rows, -1)
+            group_events.append(ev)
+            stats.npu_calls += int(gs.resident)
+        stats.slots, stats.padded = layout.total_rows, dispatch.n_padded
+        overflow = static_assign & ~dispatch.kept.view(-1, K)
+        extra = [(cold_assign, "cold")] + ([(overflow, "spill")] if self.spill else [])
+        parts = []
+        for mask, name in extra:
+            if bool(mask.any()):
+                y, ev = clock.op(name, "cpu", layer, ("dynamic", mask, handle.weights, top_k_index), _dynamic_experts,
+                                 handle.weights, hidden, top_k_index, top_k_weights, mask, self.renormalize,
+                                 deps=(ev_pack,))
+                parts.append(y)
+                group_events.append(ev)
+        n_over = int(overflow.sum())
+        stats.spilled = n_over if self.spill else 0
+        stats.dropped = n_over - stats.spilled
+        y, _ = clock.op("scatter", "cpu", layer, ("scatter", dispatch), _combine, out, dispatch, parts,
+                        deps=tuple(group_events) or (ev_pack,))
+        clock.layer_stats(layer, stats)
+        return y.to(hidden.dtype)
+
+
+def _layout_with_gaps(n_experts, groups) -> Layout:
+    """Layout over the static groups; experts in no static group (dynamic cold ones) get capacity 0."""
+    covered = {e for experts, *_ in groups for e in experts}
+    gaps = [e for e in range(n_experts) if e not in covered]
+    layout = Layout.from_groups(n_experts, list(groups) + [((e,), 1, False, -1) for e in gaps])
+    if not gaps:
+        return layout
+    capacity = layout.capacity.clone()
+    capacity[gaps] = 0
+    kept = tuple(g for g in layout.groups if g.group_id != -1 or g.experts[0] not in gaps)
+    total = sum(g.rows for g in kept)
+    return Layout(capacity, layout.offset, kept, max(total, max((g.start + g.rows for g in kept), default=0)))
+
+
+def _masked(weights, mask):
+    return weights * mask.to(weights.dtype)
+
+
+def _run_group(x, w):
+    if w.gate_up.dtype != x.dtype:    # the NPU computes in its own precision (fp16 on the ANE)
+        return group_ffn(x.to(w.gate_up.dtype), w).to(x.dtype)
+    return group_ffn(x, w)
+
+
+def _dynamic_experts(weights, hidden, top_k_index, top_k_weights, mask, renormalize):
+    """Assignments in `mask`, each expert at its actual load (CPU: dynamic shapes are fine)."""
+    dispatch, layout = plan_dispatch(top_k_index, _masked(top_k_weights, mask), None, active=mask)
+    packed = pack(hidden, dispatch)
+    out = torch.empty_like(packed)
+    for g in layout.groups:
+        x = packed[g.start:g.start + g.rows].view(1, g.capacity, -1)
+        out[g.start:g.start + g.rows] = group_ffn(x, weights.select(g.experts))[0]
+    return scatter(out, dispatch)
+
+
+def _combine(out, dispatch, parts):
+    y = scatter(out, dispatch)
+    for p in parts:
+        y = y + p
+    return y
+
+
+__all__ = ["PlanExecutor", "LayerStats", "NullClock", "GroupSlice", "dropless_layout"]

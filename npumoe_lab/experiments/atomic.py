@@ -1,0 +1,58 @@
+"""Atomic file writes: write a hidden temp file in the target's folder, fsync, os.replace.
+
+A reader (or a re-run after a kill) sees either the old file or the complete new one, never a partial one.
+Temp names start with "." and end with ".tmp" so result loaders can skip them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def is_temp(path: Path) -> bool:
+    return path.name.startswith(".") or path.name.endswith(".tmp")
+
+
+@contextmanager
+def atomic_open(path, mode: str = "wb"):
+    """Yield a file object; on clean exit its content replaces `path` atomically; on error nothing changes."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def write_json(path, obj) -> Path:
+    with atomic_open(path, "w") as fh:
+        json.dump(obj, fh, indent=2, sort_keys=True, default=str)
+        fh.write("\n")
+    return Path(path)
+
+
+def _fsync_dir(folder: Path) -> None:
+    # makes the rename itself durable (a crash right after os.replace cannot resurrect the old name)
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

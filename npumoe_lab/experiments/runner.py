@@ -1,0 +1,247 @@
+"""`npumoe-lab run`: model x workload x variant x platform x prompt length x chunk -> tidy result rows.
+
+For each variant the same calibration profile yields the variant's plan; each sample is prefilled in static
+chunks through that plan, timed on every platform (measured on this host, modeled elsewhere), and scored
+against the `reference` variant (HF's own dropless experts) on the same samples.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from ..errors import NpuMoeError
+from ..utils import progress, provenance
+from ..variants import ABLATION, PAPER_ABLATION_SPEEDUP, dynamic_plan, parse_variants
+
+PLAN_KNOBS = ("tiers", "group_size", "hot_threshold", "saliency", "percentile", "align", "residency",
+              "renormalize")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("NPUMOE_CACHE", Path.home() / ".cache" / "npumoe-lab"))
+
+
+def calibration_profile(model, tokenizer, workload: str, chunk: int, tokens: int, seed: int = 0):
+    """Calibrate once per (model, workload, chunk, tokens); later runs load the saved profile."""
+    from ..calibration import CalibrationProfile, calibrate
+    from ..models import model_fingerprint
+    d = cache_dir() / "profiles" / f"{model_fingerprint(model)[:16]}-{workload}-c{chunk}-n{tokens}-s{seed}"
+    if (d / "profile.json").exists():
+        return CalibrationProfile.load(d)
+    profile = calibrate(model, tokenizer, workload=workload, chunk=chunk, tokens=tokens, seed=seed)
+    profile.save(d)
+    return profile
+
+
+def _attach_variant(model, variant, specs, profile, platform, knobs, plan):
+    """Put the model in the variant's configuration; returns the plan used (or None)."""
+    from .. import attach, detach
+    from ..plan import build_plan
+    detach(model)
+    if variant.experts == "hf":
+        model.set_experts_implementation("eager")
+        return None
+    npu_dtype = None if platform.kind == "measured" else torch.float16   # the ANE computes fp16
+    if variant.experts == "dynamic":
+        attach(model, dynamic_plan(specs), cold="dynamic")
+        return None
+    if plan is not None and variant.name in ("npumoe", "npumoe-spill"):
+        used = plan
+    else:
+        kw = {k: v for k, v in knobs.items() if v is not None}
+        if kw.get("residency") is None:
+            kw["residency"] = "threshold" if kw.get("hot_threshold") is not None else "cost"
+        kw.update(variant.plan_overrides)
+        used = build_plan(profile, model, platform=platform.name, **kw)
+    attach(model, used, spill=variant.spill, npu_dtype=npu_dtype)
+    return used
+
+
+def _layer_counts(stats):
+    routed = sum(s.routed for _, _, s in stats)
+    dropped = sum(s.dropped for _, _, s in stats)
+    slots = sum(s.slots for _, _, s in stats)
+    padded = sum(s.padded for _, _, s in stats)
+    return (dropped / routed if routed else 0.0), (padded / slots if slots else 0.0)
+
+
+def run_experiment(model="tiny", workload="ruler-multikey", variants="all", platforms="cpu,m2-max",
+                   prompt_len=1024, chunk=256, plan=None, repeats=1, n_samples=4, seed=0, out=None,
+                   calib_workload="mixed", calib_tokens=8192, timeline=False, model_name=None,
+                   **plan_knobs) -> pd.DataFrame:
+    """Run every (variant, platform) on the workload's samples; returns (and writes to `out`) result rows."""
+    from .. import detach
+    from ..devices import get_platform
+    from ..metrics import bootstrap_ci, logit_agreement
+    from ..models import describe, load_model, model_fingerprint
+    from ..plan import Plan
+    from ..prefill import Clock, chunked_prefill
+    from ..timeline import schedule, summarize, to_frame
+    from ..workloads import get_workload
+    from ..workloads.scoring import evaluate_sample
+    unknown = set(plan_knobs) - set(PLAN_KNOBS)
+    if unknown:
+        raise NpuMoeError(f"unknown plan knob(s) {sorted(unknown)}; valid: {', '.join(PLAN_KNOBS)}")
+    vlist = parse_variants(variants)
+    plats = [get_platform(p.strip()) for p in (platforms.split(",") if isinstance(platforms, str) else platforms)]
+    if repeats < 1 or n_samples < 1:
+        raise NpuMoeError(f"repeats and n_samples must be >= 1; got {repeats} and {n_samples}")
+    if isinstance(model, tuple):
+        model_obj, tok = model
+        name = model_name or getattr(model_obj.config, "_name_or_path", "model")
+    else:
+        model_obj, tok = load_model(model)
+        name = model_name or str(model)
+    ctx = getattr(model_obj.config, "max_position_embeddings", None)
+    if ctx is not None and prompt_len > ctx:
+        raise NpuMoeError(f"--prompt-len {prompt_len} is longer than the model's context ({ctx} tokens)")
+    wl = get_workload(workload)
+    samples = wl.samples(tok, prompt_len, n_samples, seed)
+    specs, fingerprint = describe(model_obj), model_fingerprint(model_obj)
+    if isinstance(plan, (str, Path)):
+        plan = Plan.load(plan, model=model_obj)
+    profile = None
+    if any(v.experts == "plan" for v in vlist):
+        profile = calibration_profile(model_obj, tok, calib_workload, chunk, calib_tokens, seed)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+
+    def score(sample, res):
+        """Score from an existing prefill; decoding runs the normal (dropless) path."""
+        from ..experts import dropless_executor, set_executor
+        attached = getattr(model_obj, "_npumoe", None) is not None
+        prev = set_executor(model_obj, dropless_executor) if attached else None
+        try:
+            return evaluate_sample(model_obj, tok, sample, wl,
+                                   prefill_fn=lambda m, ids: (res.logits, res.past_key_values))
+        finally:
+            if attached:
+                set_executor(model_obj, prev)
+
+    # the reference: HF's own experts, unchunked numerics aside from the chunking itself
+    detach(model_obj)
+    model_obj.set_experts_implementation("eager")
+    refs = []
+    for s in progress(samples, desc="reference", leave=False):
+        ids = torch.tensor([s.input_ids])
+        res = chunked_prefill(model_obj, ids, chunk, pad_token_id=pad_id)
+        refs.append((res.logits, score(s, res)))
+    rows, tl_frames = [], []
+    prov = provenance()
+    bar = progress(total=len(vlist) * len(plats) * len(samples) * repeats, desc=f"run {workload}")
+    for plat in plats:
+        for v in vlist:
+            used = _attach_variant(model_obj, v, specs, profile, plat, plan_knobs, plan)
+            per_rep = [[] for _ in range(repeats)]
+            acc = []
+            for i, s in enumerate(samples):
+                ids = torch.tensor([s.input_ids])
+                for r in range(repeats):
+                    clock = Clock(plat, measured=plat.kind == "measured", attention_role=v.attention)
+                    res = chunked_prefill(model_obj, ids, chunk, clock, measure_hf_experts=v.experts == "hf",
+                                          pad_token_id=pad_id)
+                    events = schedule(res.events, npu_shares_cpu=plat.npu_shares_cpu)
+                    summ = summarize(events, plat, n_tokens=len(s.input_ids))
+                    drop, pad = _layer_counts(res.stats)
+                    per_rep[r].append(dict(summ, drop_rate=drop, pad_rate=pad, host_wall_s=res.wall_s))
+                    if timeline and r == 0:
+                        tl = to_frame(events).assign(variant=v.name, platform=plat.name, sample=i)
+                        tl_frames.append(tl)
+                    if r == 0:
+                        sc = score(s, res)
+                        agree = logit_agreement(refs[i][0], res.logits)
+                        acc.append(dict(score=sc["score"], ref_score=refs[i][1]["score"], nll=sc.get("nll"),
+                                        **agree))
+                    bar.update(1)
+            deltas = [a["score"] - a["ref_score"] for a in acc]
+            d_mean, d_lo, d_hi = bootstrap_ci(deltas, seed=seed)
+            accdf = pd.DataFrame(acc)
+            for r, reps in enumerate(per_rep):
+                m = pd.DataFrame(reps)
+                row = dict(model=name, workload=workload, variant=v.name, platform=plat.name,
+                           prompt_len=prompt_len, chunk=chunk, repeat=r, n_samples=len(samples),
+                           score_name=wl.metric, score=accdf["score"].mean(), ref_score=accdf["ref_score"].mean(),
+                           accuracy_delta=d_mean, accuracy_ci_low=d_lo, accuracy_ci_high=d_hi,
+                           nll=accdf["nll"].mean() if accdf["nll"].notna().any() else None,
+                           top1_agree=accdf["top1_agree"].mean(), kl=accdf["kl"].mean(),
+                           platform_profile=plat.name, platform_hash=plat.hash, platform_kind=plat.kind,
+                           model_fingerprint=fingerprint, plan_hash=getattr(used, "hash", None),
+                           created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **prov)
+                for k in plan_knobs:
+                    row[k] = plan_knobs[k]
+                for col in m.columns:
+                    row[col] = m[col].mean() if pd.api.types.is_numeric_dtype(m[col]) else m[col].iloc[0]
+                rows.append(row)
+    bar.close()
+    detach(model_obj)
+    df = pd.DataFrame(rows)
+    if out is not None:
+        from .store import write_rows
+        write_rows(df, out, name=f"run-{workload}-p{prompt_len}-c{chunk}")
+        if tl_frames:
+            write_rows(pd.concat(tl_frames, ignore_index=True), Path(out) / "timelines",
+                       name=f"timeline-{workload}-p{prompt_len}-c{chunk}")
+    return df
+
+
+def ablation_report(df: pd.DataFrame) -> str:
+    """Speedups of the ablation variants vs npumoe-base per (platform, prompt_len, chunk), next to the paper."""
+    lines = []
+    sub = df[df.variant.isin(ABLATION)]
+    for (plat, p, c), g in sub.groupby(["platform", "prompt_len", "chunk"]):
+        t = g.groupby("variant").ttft_s.median()
+        if "npumoe-base" not in t:
+            continue
+        src = g.timing_source.iloc[0]
+        parts = [f"{v} {t['npumoe-base'] / t[v]:.2f}x (paper {PAPER_ABLATION_SPEEDUP[v]:.2f}x)"
+                 for v in ABLATION if v in t]
+        lines.append(f"[{src} {plat}] prompt {p}, chunk {c}: " + ", ".join(parts))
+    return "\n".join(lines)
+
+
+def register_cli(sub):
+    p = sub.add_parser("run", help="run variants on a workload and write result rows")
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--workload", required=True)
+    p.add_argument("--variant", default="all", help="comma list or 'all'")
+    p.add_argument("--platform", default="cpu,m2-max", help="comma list; see `npumoe-lab platforms`")
+    p.add_argument("--prompt-len", type=int, default=1024)
+    p.add_argument("--chunk", type=int, default=256)
+    p.add_argument("--plan", default=None, help="a plan JSON for the npumoe variants (else built from calibration)")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--samples", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--calib-workload", default="mixed")
+    p.add_argument("--calib-tokens", type=int, default=8192)
+    p.add_argument("--tiers", type=int, default=None)
+    p.add_argument("--group-size", type=int, default=None)
+    p.add_argument("--hot-threshold", type=float, default=None)
+    p.add_argument("--saliency", default=None)
+    p.add_argument("--timeline", action="store_true", help="also write the per-op timeline")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_cli_run)
+    q = sub.add_parser("platforms", help="list the platforms with their sources")
+    q.set_defaults(func=lambda a: print(__import__("npumoe_lab.devices", fromlist=["x"]).format_platforms()) or 0)
+
+
+def _cli_run(a: argparse.Namespace) -> int:
+    knobs = {k: getattr(a, k) for k in ("tiers", "group_size", "hot_threshold", "saliency")
+             if getattr(a, k) is not None}
+    df = run_experiment(model=a.model, workload=a.workload, variants=a.variant, platforms=a.platform,
+                        prompt_len=a.prompt_len, chunk=a.chunk, plan=a.plan, repeats=a.repeats,
+                        n_samples=a.samples, seed=a.seed, out=a.out, calib_workload=a.calib_workload,
+                        calib_tokens=a.calib_tokens, timeline=a.timeline, **knobs)
+    cols = ["variant", "platform", "timing_source", "ttft_s", "energy_per_token_mj", "cpu_busy_s", "n_npu_calls",
+            "drop_rate", "pad_rate", "score", "accuracy_delta"]
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(df.groupby(["variant", "platform"], sort=False).first().reset_index()[
+            [c for c in cols if c in df.columns]].to_string(index=False))
+    report = ablation_report(df)
+    if report:
+        print("\nablation (TTFT speedup vs npumoe-base):\n" + report)
+    print(f"\nrows written to {a.out}")
+    return 0

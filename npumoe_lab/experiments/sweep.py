@@ -1,0 +1,227 @@
+"""Notebook sweeps: run one papermill execution per grid cell, resumably, on a local pool or a Dask cluster.
+
+Output layout (DIR = --out):
+  DIR/sweep.json                       the merged spec and the cells (rewritten on each run)
+  DIR/_sweep/<stem>-<hash>.ipynb        the notebook as run (jupytext .py converted, kernelspec set)
+  DIR/cells/<key>/executed.ipynb       papermill's output notebook (keeps the traceback of a failure)
+  DIR/cells/<key>/rows-*.parquet       the rows the notebook wrote with write_rows(rows, out_dir)
+  DIR/cells/<key>/DONE.json            success marker, written atomically LAST; its presence skips the cell
+  DIR/cells/<key>/FAILED.json          the error of the last attempt
+  DIR/cells/<key>/_attempts/NNN/       earlier unfinished/failed attempts, moved aside (kept, not loaded)
+A cell folder is locked (flock) while it runs, so a re-run never races an orphaned worker of a killed run.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import socket
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..errors import NpuMoeError
+from ..utils import progress, sha256_json
+from .atomic import write_json
+from .sweep_spec import cell_key, load_spec, read_notebook
+
+EXECUTORS = ("local", "dask")
+DONE, FAILED = "DONE.json", "FAILED.json"
+
+
+@dataclass
+class CellOutcome:
+    key: str
+    params: dict
+    dir: Path
+    status: str                 # done | skipped | failed
+    duration_s: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class SweepReport:
+    name: str
+    out_dir: Path
+    done: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)
+    failed: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def summary(self) -> str:
+        n = len(self.done) + len(self.skipped) + len(self.failed)
+        lines = [f"sweep {self.name!r}: {n} cells: {len(self.done)} done, {len(self.skipped)} skipped (already "
+                 f"done), {len(self.failed)} failed; results in {self.out_dir}"]
+        if self.failed:
+            lines.append("failed cells (each executed.ipynb keeps the error; re-run the same command to retry):")
+            lines += [f"  {c.key} {c.params}: {c.error}  ->  {c.dir / 'executed.ipynb'}" for c in self.failed]
+        return "\n".join(lines)
+
+
+def run_sweep(yaml_path, out_dir, workers: int = 1, executor: str = "local", scheduler: str | None = None):
+    """Run every cell of the sweep that has no DONE.json; return a SweepReport (failed cells do not raise)."""
+    if executor not in EXECUTORS:
+        raise NpuMoeError(f"unknown executor {executor!r}; use one of {', '.join(EXECUTORS)}")
+    if not isinstance(workers, int) or workers < 1:
+        raise NpuMoeError(f"workers must be an integer >= 1, got {workers!r}")
+    if scheduler and executor != "dask":
+        raise NpuMoeError("--scheduler needs --executor dask")
+    spec = load_spec(yaml_path)  # validates everything before anything runs
+    out = Path(out_dir).resolve()
+    notebook = _snapshot_notebook(spec, out / "_sweep")
+    cells = [(cell_key(p), p) for p in spec.cells()]
+    write_json(out / "sweep.json", {"name": spec.name, "sources": [str(s) for s in spec.sources],
+                                     "notebook": str(spec.notebook), "parameters": spec.parameters,
+                                     "grid": spec.grid, "cells": {k: p for k, p in cells}})
+    report = SweepReport(spec.name, out)
+    tasks = []
+    for key, params in cells:
+        cell_dir = out / "cells" / key
+        if (cell_dir / DONE).exists():
+            report.skipped.append(CellOutcome(key, params, cell_dir, "skipped"))
+        else:
+            tasks.append({"key": key, "params": params, "cell_dir": str(cell_dir), "notebook": str(notebook),
+                          "cwd": str(spec.notebook.parent)})
+    if executor == "dask":
+        from .dask_executor import dask_map as run_all
+    else:
+        run_all = local_map
+    bar = progress(total=len(cells), initial=len(report.skipped), desc=f"sweep {spec.name}", unit="cell")
+    with bar:
+        for task, result in run_all(run_cell, tasks, workers, scheduler):
+            outcome = _outcome(task, result)
+            {"done": report.done, "skipped": report.skipped, "failed": report.failed}[outcome.status].append(outcome)
+            bar.update(1)
+            bar.set_postfix(failed=len(report.failed))
+    return report
+
+
+def run_cell(task: dict) -> dict:
+    """Execute one cell's notebook (runs in a worker process). Never raises for a notebook error."""
+    import papermill as pm
+
+    cell_dir = Path(task["cell_dir"])
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    with _cell_lock(cell_dir):
+        if (cell_dir / DONE).exists():  # finished by another (orphaned or concurrent) run meanwhile
+            return {"status": "skipped"}
+        _archive_attempt(cell_dir)
+        started = time.time()
+        info = {"cell": task["key"], "params": task["params"], "notebook": task["notebook"],
+                "host": socket.gethostname(), "started": _iso(started)}
+        try:
+            pm.execute_notebook(task["notebook"], str(cell_dir / "executed.ipynb"), kernel_name="python3",
+                                parameters={**task["params"], "out_dir": str(cell_dir)}, cwd=task["cwd"],
+                                progress_bar=False)
+        except Exception as exc:  # noqa: BLE001 - a failed cell must not stop the sweep
+            error, trace = _describe(exc)
+            write_json(cell_dir / FAILED, {**info, "error": error, "traceback": trace,
+                                           "duration_s": time.time() - started, "finished": _iso(time.time())})
+            return {"status": "failed", "error": error, "duration_s": time.time() - started}
+        duration = time.time() - started
+        write_json(cell_dir / DONE, {**info, "duration_s": duration, "finished": _iso(time.time())})
+        return {"status": "done", "duration_s": duration}
+
+
+def local_map(fn, tasks, workers, scheduler=None):
+    """Yield (task, result or exception) as cells finish: in this process for 1 worker, else a process pool."""
+    if workers == 1 or len(tasks) <= 1:
+        for task in tasks:
+            try:
+                yield task, fn(task)
+            except Exception as exc:  # noqa: BLE001
+                yield task, exc
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    # spawn: forking a parent that holds threads (tqdm, zmq) is unsafe
+    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(fn, t): t for t in tasks}
+        for fut in as_completed(futures):
+            try:
+                yield futures[fut], fut.result()
+            except Exception as exc:  # noqa: BLE001 - e.g. a worker process killed
+                yield futures[fut], exc
+
+
+def _outcome(task: dict, result) -> CellOutcome:
+    cell_dir = Path(task["cell_dir"])
+    if isinstance(result, BaseException):  # the worker itself died: record it like a notebook failure
+        error, trace = _describe(result)
+        write_json(cell_dir / FAILED, {"cell": task["key"], "params": task["params"], "error": error,
+                                       "traceback": trace, "finished": _iso(time.time())})
+        result = {"status": "failed", "error": error}
+    return CellOutcome(task["key"], task["params"], cell_dir, result["status"], result.get("duration_s"),
+                       result.get("error"))
+
+
+def _snapshot_notebook(spec, folder: Path) -> Path:
+    import nbformat
+
+    nb = read_notebook(spec.notebook)
+    text = nbformat.writes(nb)
+    path = folder / f"{spec.notebook.stem}-{sha256_json(text)[:12]}.ipynb"
+    if not path.exists():
+        from .atomic import atomic_open
+        with atomic_open(path, "w") as fh:
+            fh.write(text)
+    return path
+
+
+@contextmanager
+def _cell_lock(cell_dir: Path):
+    with open(cell_dir / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # waits while another live process runs this cell
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _archive_attempt(cell_dir: Path) -> None:
+    """Move a previous attempt's files (rows, notebook, FAILED.json) to _attempts/NNN so rows never double."""
+    leftovers = [p for p in cell_dir.iterdir() if p.name not in (".lock", "_attempts")]
+    if not leftovers:
+        return
+    attempts = cell_dir / "_attempts"
+    dest = attempts / f"{len(list(attempts.glob('*'))) + 1:03d}" if attempts.exists() else attempts / "001"
+    dest.mkdir(parents=True)
+    for p in leftovers:
+        os.replace(p, dest / p.name)
+
+
+def _describe(exc: BaseException) -> tuple[str, str]:
+    ename, evalue = getattr(exc, "ename", None), getattr(exc, "evalue", None)
+    error = f"{ename}: {evalue}" if ename else f"{type(exc).__name__}: {exc}"
+    trace = "\n".join(getattr(exc, "traceback", None) or [str(exc)])
+    return error, re.sub(r"\x1b\[[0-9;]*m", "", trace)
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat()
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser("sweep", help="run a notebook over a parameter grid (papermill), resumably",
+                              description="Run SWEEP.yaml's notebook once per grid cell. Re-running skips "
+                                          "cells with DONE.json and retries failed ones.")
+    p.add_argument("sweep", help="sweep YAML (notebook, parameters, grid, optional include/name)")
+    p.add_argument("--out", required=True, help="results folder (created; reused to resume)")
+    p.add_argument("--workers", type=int, default=1, help="cells run at once (default 1)")
+    p.add_argument("--executor", choices=EXECUTORS, default="local",
+                   help="local process pool, or Dask distributed (a LocalCluster unless --scheduler)")
+    p.add_argument("--scheduler", default=None, help="address of a running Dask scheduler (tcp://host:8786)")
+    p.set_defaults(func=_cli)
+
+
+def _cli(args) -> int:
+    report = run_sweep(args.sweep, args.out, workers=args.workers, executor=args.executor,
+                       scheduler=args.scheduler)
+    print(report.summary())
+    return 0 if report.ok else 1

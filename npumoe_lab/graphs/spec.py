@@ -1,0 +1,140 @@
+"""What graphs a plan needs: one per resident (layer, group) with its capacity tiers as functions of one package
+(multifunction: tiers share weights, ANCHORS 3.4), plus one attention package per layer with one function per
+chunk length. Specs are plain data; builders (coreml.py, onnx.py) turn them into artifacts."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import NpuMoeError
+
+# ANE tensor-axis limits, right-aligned N D C H W: "N[1-65536] D[1-16384] C[1-65536] H[1-16384] W[1-16384]"
+# (ANCHORS 3.8). The 16384 entries come from the platform profile (npu.max_dim).
+CHANNEL_LIMIT = 65536
+DEFAULT_GRAPH_LIMIT_BYTES = 1_000_000_000  # iOS caps a model file at 1 GB; 1.2 GB fell back to CPU (ANCHORS 3.8)
+DEFAULT_MAX_DIM = 16384
+
+
+@dataclass(frozen=True)
+class Limits:
+    graph_limit_bytes: int = DEFAULT_GRAPH_LIMIT_BYTES
+    max_dim: int = DEFAULT_MAX_DIM
+    source: str = "defaults (ANCHORS 3.8)"
+
+    def axis_limits(self, rank: int) -> list[int]:
+        right_aligned = [self.max_dim, self.max_dim, CHANNEL_LIMIT, self.max_dim, CHANNEL_LIMIT]  # W H C D N
+        return [right_aligned[rank - 1 - i] if rank - 1 - i < 5 else 1 for i in range(rank)]
+
+    @classmethod
+    def of(cls, platform=None) -> "Limits":
+        """From a platform profile object (`.npu.graph_limit_bytes`, `.npu.max_dim`), a profile name, or None."""
+        if platform is None or isinstance(platform, Limits):
+            return platform or cls()
+        if isinstance(platform, str):
+            from ..devices import get_platform  # noqa: PLC0415  (the platform registry is optional here)
+            platform = get_platform(platform)
+        npu = platform.npu
+        num = lambda v: float(getattr(v, "value", v))  # noqa: E731  (profile params may be {value, unit, ...})
+        return cls(int(num(npu.graph_limit_bytes)), int(num(npu.max_dim)), getattr(platform, "name", "platform"))
+
+
+@dataclass(frozen=True)
+class GroupGraphSpec:
+    layer: int
+    group: int
+    experts: tuple[int, ...]
+    capacities: tuple[int, ...]          # the first is the plan's capacity (default function)
+    hidden: int
+    intermediate: int
+    act: str = "swiglu"
+    has_bias: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"L{self.layer}_g{self.group}"
+
+    def weight_bytes(self, itemsize: int = 2) -> int:
+        g, h, i = len(self.experts), self.hidden, self.intermediate
+        return itemsize * (g * 3 * h * i + (g * (2 * i + h) if self.has_bias else 0))
+
+
+@dataclass(frozen=True)
+class AttentionGraphSpec:
+    layer: int
+    chunks: tuple[int, ...]
+    context: int
+    kv: str = "state"
+
+    @property
+    def name(self) -> str:
+        return f"L{self.layer}_attn"
+
+
+def subset(weights, experts):
+    """ExpertWeights of the group's experts, stacked in group order (checks the plan matches the model)."""
+    n = weights.n_experts
+    if not experts or min(experts) < 0 or max(experts) >= n:
+        raise NpuMoeError(f"group experts {list(experts)} are not all in 0..{n - 1}; the plan does not match the model")
+    return weights.select(list(experts))
+
+
+def canonical(w):
+    """(w_gate [G,H,I], w_up, w_down [G,I,H], b_gate, b_up, b_down) of an ExpertWeights (its down is `down`)."""
+    down = getattr(w, "w_down", None)
+    return w.w_gate, w.w_up, (w.down if down is None else down), w.b_gate, w.b_up, w.b_down
+
+
+def _get(obj, key, default=None):
+    return obj.get(key, default) if isinstance(obj, dict) else getattr(obj, key, default)
+
+
+def group_specs(plan, *, all_tiers: bool = False, limits: Limits | None = None, act: str = "swiglu",
+                has_bias: bool = False) -> list[GroupGraphSpec]:
+    """One spec per resident group of `plan` (a Plan or its JSON dict). all_tiers: also give each group the
+    layer's smaller tier capacities as extra functions. Raises for a group over the graph-size limit."""
+    limits = limits or Limits()
+    specs = []
+    for layer in _get(plan, "layers", []):
+        lid, hidden, inter = _get(layer, "layer"), _get(layer, "hidden"), _get(layer, "intermediate")
+        if hidden is None or inter is None:
+            raise NpuMoeError(f"plan layer {lid} has no hidden/intermediate sizes; rebuild the plan with this version")
+        tiers = sorted({int(c) for c in (_get(layer, "tier_capacities") or [])}, reverse=True)
+        for grp in _get(layer, "groups", []):
+            if not _get(grp, "resident", False):
+                continue
+            cap = int(_get(grp, "capacity"))
+            caps = [cap] + ([c for c in tiers if c < cap] if all_tiers else [])
+            spec = GroupGraphSpec(int(lid), int(_get(grp, "id")), tuple(int(e) for e in _get(grp, "experts")),
+                                  tuple(caps), int(hidden), int(inter), act, has_bias)
+            check_group(spec, limits)
+            specs.append(spec)
+    return specs
+
+
+def check_group(spec: GroupGraphSpec, limits: Limits) -> None:
+    """Static checks before building: graph size and axis limits (names the group and by how much)."""
+    size = spec.weight_bytes()
+    if size > limits.graph_limit_bytes:
+        over = size - limits.graph_limit_bytes
+        raise NpuMoeError(f"group (layer {spec.layer}, group {spec.group}) has {size:,} B of fp16 weights, "
+                          f"{over:,} B ({over / limits.graph_limit_bytes:.1%}) over the graph limit "
+                          f"{limits.graph_limit_bytes:,} B of {limits.source}; split it into smaller groups")
+    g, big = len(spec.experts), max(spec.capacities)
+    if g * max(spec.hidden, spec.intermediate) > CHANNEL_LIMIT or max(big, spec.hidden, spec.intermediate) > limits.max_dim:
+        raise NpuMoeError(f"group (layer {spec.layer}, group {spec.group}): {g} experts x {max(spec.hidden, spec.intermediate)} "
+                          f"channels or capacity {big} exceed the NPU axis limits (channels <= {CHANNEL_LIMIT}, "
+                          f"other axes <= {limits.max_dim}); use smaller groups or capacities")
+
+
+def plan_chunks(plan) -> tuple[int, ...]:
+    chunk = _get(plan, "chunk")
+    chunks = chunk if isinstance(chunk, (list, tuple)) else [chunk]
+    if not chunks or any(c is None or int(c) <= 0 for c in chunks):
+        raise NpuMoeError(f"plan chunk {chunk!r} is not a positive chunk length; rebuild the plan with --chunk")
+    return tuple(sorted({int(c) for c in chunks}))
+
+
+def example_group_input(spec: GroupGraphSpec, capacity: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((len(spec.experts), capacity, spec.hidden)).astype(np.float32)

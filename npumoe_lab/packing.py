@@ -1,0 +1,207 @@
+"""Sort-by-expert dispatch, static-capacity packing and weighted scatter: the workbench's expert numerics.
+
+One `Dispatch` is computed per (layer, chunk) routing result and shared by pack and scatter, so the routing
+is sorted once. Layout of the packed buffer: experts in `layout.order`, expert e owning `capacity[e]`
+contiguous rows; a group of G same-capacity experts is then one contiguous [G*C, H] slice = a static
+[G, C, H] graph input. Assignments beyond an expert's capacity are dropped, keeping the most salient
+(higher score first, earlier token on ties). Padded rows are zero and never read back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import NpuMoeError
+from .models.weights import ExpertWeights
+
+
+@dataclass(frozen=True)
+class GroupSlice:
+    """One static graph: experts (in buffer order) sharing capacity C, rows [start, start + G*C)."""
+    experts: tuple[int, ...]
+    capacity: int
+    start: int
+    resident: bool = True      # NPU (True) or CPU (False)
+    group_id: int = -1
+
+    @property
+    def rows(self) -> int:
+        return len(self.experts) * self.capacity
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Static buffer layout of one MoE layer: per-expert capacity and the groups that cover all experts."""
+    capacity: torch.Tensor          # [E] int64
+    offset: torch.Tensor            # [E] int64, first row of each expert's block
+    groups: tuple[GroupSlice, ...]
+    total_rows: int
+
+    @staticmethod
+    def from_groups(n_experts: int, groups) -> "Layout":
+        """groups: iterable of (experts, capacity, resident, group_id); must cover every expert once."""
+        capacity = torch.zeros(n_experts, dtype=torch.long)
+        offset = torch.full((n_experts,), -1, dtype=torch.long)
+        out, row = [], 0
+        for experts, cap, resident, gid in groups:
+            if cap < 1:
+                raise NpuMoeError(f"group {gid} has capacity {cap}; capacities must be >= 1 (rebuild the plan with "
+                                  "min_capacity >= 1)")
+            for j, e in enumerate(experts):
+                if offset[e] >= 0:
+                    raise NpuMoeError(f"expert {e} appears in two groups of the layout")
+                offset[e] = row + j * cap
+                capacity[e] = cap
+            out.append(GroupSlice(tuple(int(e) for e in experts), int(cap), row, bool(resident), int(gid)))
+            row += len(experts) * cap
+        if (offset < 0).any():
+            missing = torch.nonzero(offset < 0).flatten().tolist()
+            raise NpuMoeError(f"experts {missing} are in no group of the layout")
+        return Layout(capacity, offset, tuple(out), row)
+
+
+def dropless_layout(load: torch.Tensor) -> Layout:
+    """Capacity = actual load, one 'group' per expert that received tokens (the dynamic, dropless path)."""
+    groups = [((e,), int(c), True, e) for e, c in enumerate(load.tolist()) if c > 0]
+    capacity = load.clone()
+    offset = torch.zeros_like(load)
+    offset[1:] = torch.cumsum(load, 0)[:-1]
+    return Layout(capacity, offset, tuple(GroupSlice((e,), c, int(offset[e]), True, gid)
+                                          for (e,), c, _, gid in groups), int(load.sum()))
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Where every routed assignment (t, k) goes. S = T*K assignments, flattened t-major like HF."""
+    n_tokens: int
+    top_k: int
+    load: torch.Tensor        # [E] routed assignments per expert (before dropping)
+    slot: torch.Tensor        # [S] row of the packed buffer, or -1 when dropped
+    src_token: torch.Tensor   # [R] token feeding each packed row; R = layout.total_rows, -1 for padding
+    weight: torch.Tensor      # [S] routing weight used in the scatter (0 for dropped, renormalised if asked)
+
+    @property
+    def kept(self) -> torch.Tensor:
+        return self.slot >= 0
+
+    @property
+    def n_dropped(self) -> int:
+        return int((self.slot < 0).sum())
+
+    @property
+    def n_padded(self) -> int:
+        return int((self.src_token < 0).sum())
+
+    def dropped_per_token(self) -> torch.Tensor:
+        return (self.slot < 0).view(self.n_tokens, self.top_k).sum(1)
+
+
+def plan_dispatch(top_k_index: torch.Tensor, top_k_weights: torch.Tensor, layout: Layout | None,
+                  scores: torch.Tensor | None = None, renormalize: bool = False,
+                  active: torch.Tensor | None = None) -> tuple[Dispatch, Layout]:
+    """Assign each (token, k) to a packed slot under the layout's capacities (None = dropless).
+
+    Priority within an expert: higher `scores` first, earlier position on ties (scores=None: position only,
+    Switch-style first come). `active` [T, K] bool: only these assignments take part (padding tokens, or a
+    subset handled elsewhere); the others get no slot and weight 0. Returns the dispatch and the layout used.
+    """
+    T, K = top_k_index.shape
+    expert = top_k_index.reshape(-1)
+    n_exp = int(layout.capacity.numel()) if layout is not None else None
+    if active is not None:       # inactive assignments sort after every real expert and are never kept
+        sentinel = max(int(expert.max()) + 1 if expert.numel() else 0, n_exp or 0)
+        expert = torch.where(active.reshape(-1), expert, sentinel)
+    load = torch.bincount(expert, minlength=n_exp or 0)
+    if active is not None:
+        load = load[:sentinel] if load.numel() > sentinel else load
+    if layout is None:
+        layout = dropless_layout(load)
+    if load.numel() > layout.capacity.numel():
+        raise NpuMoeError(f"routing names expert {load.numel() - 1} but the layout has only "
+                          f"{layout.capacity.numel()} experts: the plan was built for another model")
+    # Sort assignments by (expert, -score, position) with two stable sorts; done once per routing.
+    if scores is None:
+        perm = torch.sort(expert, stable=True).indices
+    else:
+        by_score = torch.sort(-scores.reshape(-1).float(), stable=True).indices
+        perm = by_score[torch.sort(expert[by_score], stable=True).indices]
+    e_sorted = expert[perm]
+    real = e_sorted < layout.capacity.numel()
+    e_safe = torch.where(real, e_sorted, 0)
+    start = torch.cumsum(load, 0) - load
+    rank = torch.arange(e_sorted.numel()) - start[e_safe]
+    keep = real & (rank < layout.capacity[e_safe])
+    slot = torch.full_like(expert, -1)
+    slot[perm[keep]] = layout.offset[e_safe[keep]] + rank[keep]
+    src_token = torch.full((layout.total_rows,), -1, dtype=torch.long)
+    src_token[slot[perm[keep]]] = perm[keep] // K
+    weight = top_k_weights.reshape(-1).clone()
+    dropped = slot < 0
+    if renormalize and bool(dropped.any()):
+        w = top_k_weights.reshape(T, K).float()
+        kept_sum = (w * (~dropped).view(T, K)).sum(1, keepdim=True)
+        scale = torch.where(kept_sum > 0, w.sum(1, keepdim=True) / kept_sum.clamp_min(1e-30), 0.0)
+        weight = (w * scale).reshape(-1).to(top_k_weights.dtype)
+    weight = weight.masked_fill(dropped, 0)
+    if active is not None and renormalize:
+        weight = weight.masked_fill(~active.reshape(-1), 0)
+    return Dispatch(T, K, load, slot, src_token, weight), layout
+
+
+def pack(hidden: torch.Tensor, dispatch: Dispatch, out: torch.Tensor | None = None) -> torch.Tensor:
+    """[T, H] -> [R, H] packed buffer; padded rows are zero. One gather from hidden plus a zero row."""
+    T, H = hidden.shape
+    src = dispatch.src_token
+    src = torch.where(src >= 0, src, T)           # padding reads the appended zero row
+    ext = torch.cat([hidden, hidden.new_zeros(1, H)], 0)
+    if out is None:
+        return ext.index_select(0, src)
+    return torch.index_select(ext, 0, src, out=out)
+
+
+def scatter(expert_out: torch.Tensor, dispatch: Dispatch) -> torch.Tensor:
+    """[R, H] expert outputs -> [T, H]: weighted sum over each token's kept assignments (HF-style
+    deterministic reshape-and-sum over k, accumulated in fp32)."""
+    R, H = expert_out.shape
+    slot = torch.where(dispatch.slot >= 0, dispatch.slot, R)
+    ext = torch.cat([expert_out, expert_out.new_zeros(1, H)], 0)
+    rows = ext.index_select(0, slot) * dispatch.weight.unsqueeze(-1)   # promotes like HF (fp32 weights)
+    return rows.view(dispatch.n_tokens, dispatch.top_k, H).sum(1)
+
+
+def group_ffn(x: torch.Tensor, w: ExpertWeights) -> torch.Tensor:
+    """Static grouped expert FFN: [G, C, H] -> [G, C, H] with G experts' weights (w.n_experts == G)."""
+    h = torch.bmm(x, w.gate_up)
+    if w.b_gate_up is not None:
+        h = h + w.b_gate_up.unsqueeze(1)
+    y = torch.bmm(w.apply_gate(h), w.down)
+    if w.b_down is not None:
+        y = y + w.b_down.unsqueeze(1)
+    return y
+
+
+def run_groups(packed: torch.Tensor, layout: Layout, weights: ExpertWeights, group_weights=None,
+               run=None) -> torch.Tensor:
+    """Run every group of the layout over its slice of the packed buffer.
+
+    group_weights: optional list of pre-stacked ExpertWeights per group (what a compiled graph holds);
+    run: optional callable(group_slice, x [G,C,H], w) -> [G,C,H] (the engine times/places each call).
+    """
+    H = packed.shape[1]
+    out = torch.empty_like(packed)
+    for i, g in enumerate(layout.groups):
+        x = packed[g.start:g.start + g.rows].view(len(g.experts), g.capacity, H)
+        w = group_weights[i] if group_weights is not None else weights.select(g.experts)
+        y = run(g, x, w) if run is not None else group_ffn(x, w)
+        out[g.start:g.start + g.rows] = y.reshape(g.rows, H)
+    return out
+
+
+def dropless_experts(weights: ExpertWeights, hidden: torch.Tensor, top_k_index: torch.Tensor,
+                     top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The dropless path: capacity = actual load, so every assignment is computed exactly once."""
+    dispatch, layout = plan_dispatch(top_k_index, top_k_weights, None)
+    packed = pack(hidden, dispatch)
+    out = run_groups(packed, layout, weights)
+    return scatter(out, dispatch).to(hidden.dtype)

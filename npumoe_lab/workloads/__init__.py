@@ -1,0 +1,39 @@
+"""Registry of workloads. `get_workload(name)`, `list_workloads()`; the contract is in `base.py`."""
+from __future__ import annotations
+
+from ..errors import NpuMoeError
+from .base import Sample, Workload
+from .fewshot import FewShotCls
+from .lm_heldout import LmHeldout
+from .ruler import MultiKey, VariableTracking
+
+_FACTORIES = {
+    "ruler-multikey": MultiKey,
+    "ruler-vt": VariableTracking,
+    "fewshot-cls": FewShotCls,
+    "lm-heldout": LmHeldout,
+}
+
+
+def _hf(name):
+    def make(**kw):
+        from .hf_tasks import BoolQ, HellaSwag
+        return {"boolq": BoolQ, "hellaswag": HellaSwag}[name](**kw)
+    return make
+
+
+_FACTORIES["boolq"] = _hf("boolq")
+_FACTORIES["hellaswag"] = _hf("hellaswag")
+
+
+def list_workloads() -> list[str]:
+    return list(_FACTORIES)
+
+
+def get_workload(name: str, **options) -> Workload:
+    if name not in _FACTORIES:
+        raise NpuMoeError(f"unknown workload {name!r}; valid workloads: {', '.join(_FACTORIES)}")
+    return _FACTORIES[name](**options)
+
+
+__all__ = ["Sample", "Workload", "get_workload", "list_workloads", "NpuMoeError"]

@@ -1,0 +1,63 @@
+"""`fewshot-cls`: k-shot in-context classification of a passage's source domain, in the shape of BoolQ /
+HellaSwag prompts, scored by log-likelihood over the choices (lm-eval style). Shots fill the prompt length."""
+from __future__ import annotations
+
+import random
+
+from .base import DOMAINS, Haystack, Sample, Workload, bos_id, encode, eval_haystack, sample_rng
+
+LABELS = {"scripture": " scripture", "drama": " drama", "pydocs": " documentation", "code": " code"}
+CHOICES = tuple(LABELS[d] for d in DOMAINS)
+FS_INTRO = "Classify the source of each passage.\n\n"
+SNIPPET = 40  # tokens per shot passage
+
+
+def build_fewshot(tok, rng: random.Random, hay: Haystack, total_len: int, snippet: int = SNIPPET,
+                  query_domain: str | None = None, n_answered: int = 0):
+    """Returns (ids, label_index, answered_spans). ids = bos intro shots... 'Passage: <q>\\nSource:'; exactly
+    total_len tokens. n_answered > 0 (training) additionally asks for n_answered extra answered shots at the end
+    (all within total_len); answered_spans marks the label token spans of every shot (targets)."""
+    p_ids, s_ids, sep = encode(tok, "Passage: "), encode(tok, "\nSource:"), encode(tok, "\n\n")
+    label_ids = {d: encode(tok, LABELS[d]) for d in DOMAINS}
+    shot_len = len(p_ids) + snippet + len(s_ids) + max(map(len, label_ids.values())) + len(sep)
+    head = bos_id(tok) + encode(tok, FS_INTRO)
+    q_fixed = len(p_ids) + len(s_ids)
+    n_shots = max(0, (total_len - len(head) - q_fixed - snippet) // shot_len)
+    ids, spans = list(head), []
+    for _ in range(n_shots):
+        d = rng.choice(DOMAINS)
+        w, _ = hay.window(rng, snippet, d)
+        ids += p_ids + w + s_ids
+        spans.append((len(ids), len(ids) + len(label_ids[d])))
+        ids += label_ids[d] + sep
+    qd = query_domain or rng.choice(DOMAINS)
+    q_len = total_len - len(ids) - q_fixed
+    w, _ = hay.window(rng, q_len, qd)
+    ids += p_ids + w + s_ids
+    return ids, DOMAINS.index(qd), spans, n_shots
+
+
+class FewShotCls(Workload):
+    name = "fewshot-cls"
+    kind = "choice"
+    description = ("k-shot in-context classification of a passage's source (scripture / drama / documentation / "
+                   "code), shots fill the prompt; accuracy by summed log-likelihood of the choices")
+    max_new_tokens = 4
+    metric = "accuracy"
+    chance = 0.25
+
+    def samples(self, tokenizer, prompt_len: int, n: int, seed: int = 0) -> list[Sample]:
+        self.check_prompt_len(tokenizer, prompt_len, minimum=128)
+        hay = eval_haystack(tokenizer)
+        out = []
+        for i in range(n):
+            rng = sample_rng(self.name, seed, i)
+            ids, label, _, k = build_fewshot(tokenizer, rng, hay, prompt_len, query_domain=DOMAINS[i % 4])
+            assert len(ids) == prompt_len
+            out.append(Sample(ids, "choice", choices=CHOICES, label=label,
+                              meta={"domain": DOMAINS[label], "n_shots": k}))
+        return out
+
+
+def synthetic_text(rng: random.Random, n: int = 100) -> str:
+    return FS_INTRO + "".join(f"Passage: ...\nSource:{LABELS[rng.choice(DOMAINS)]}\n\n" for _ in range(n))
