@@ -23,7 +23,7 @@ _LAZY = {
     "capture_routing": "routing",
     "calibrate": "calibration", "CalibrationProfile": "calibration",
     "build_plan": "plan", "Plan": "plan",
-    "chunked_prefill": "prefill",
+    "chunked_prefill": "runtime",
     "get_platform": "devices", "list_platforms": "devices",
     "get_workload": "workloads", "list_workloads": "workloads",
     "run_experiment": "experiments.runner",

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .devices import get_platform
-from .prefill import Clock, PrefillResult, chunked_prefill
+from .runtime import Clock, PrefillResult, chunked_prefill
 from .timeline import schedule, summarize
 
 

@@ -4,7 +4,7 @@
 the plan's static layout and each group's pre-stacked weights (what a compiled static graph holds), and per
 call: scores assignments, packs each resident group's [G, C, H] buffer, runs cold experts on the CPU role
 (dynamic, dropless by default), optionally spills overflow to the CPU (`npumoe-spill`), and scatters back.
-Every op goes through `self.clock`, which the prefill driver (`prefill.py`) sets to time and place it.
+Every op goes through `self.clock`, which the prefill driver (`runtime.py`) sets to time and place it.
 """
 from __future__ import annotations
 
@@ -35,8 +35,10 @@ class LayerStats:
 
 class NullClock:
     """Runs ops without timing (plain `attach(model, plan)` outside a timed prefill)."""
-    chunk = 0
-    pad_mask = None  # [T] bool, True for padding tokens of the current chunk
+
+    def __init__(self):
+        self.chunk = 0
+        self.pad_mask = None  # [T] bool, True for padding tokens of the current chunk
 
     def op(self, name, role, layer, cost, fn, *args, deps=()):
         return fn(*args), None

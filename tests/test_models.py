@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from model_zoo import FAMILY_NAMES, tiny_config, tiny_model, token_batch
+from tests.model_zoo import FAMILY_NAMES, tiny_config, tiny_model, token_batch
 
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.models import FAMILIES, describe, find_moe_blocks, get_family, load_model, loading, model_fingerprint

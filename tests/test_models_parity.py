@@ -2,7 +2,7 @@
 experts loop end to end, for every family, at several lengths, with and without left padding."""
 import pytest
 import torch
-from model_zoo import FAMILY_NAMES, token_batch, tiny_model
+from tests.model_zoo import FAMILY_NAMES, token_batch, tiny_model
 
 from npumoe_lab.experts import attach, detach
 from npumoe_lab.routing import RoutingRecorder

@@ -2,7 +2,7 @@
 router called directly on the captured experts input. Capture must not change the logits by a single bit."""
 import pytest
 import torch
-from model_zoo import FAMILY_NAMES, token_batch, tiny_model
+from tests.model_zoo import FAMILY_NAMES, token_batch, tiny_model
 
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.models import find_moe_blocks, get_family

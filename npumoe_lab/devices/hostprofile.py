@@ -50,7 +50,7 @@ def _cpu_model() -> str:
 
 def host_key() -> dict:
     import torch
-    return {"cpu_model": _cpu_model(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+    return {"cpu_model": _cpu_model(), "cpu_count": os.cpu_count(), "torch": str(torch.__version__),
             "threads": torch.get_num_threads()}
 
 
@@ -95,7 +95,7 @@ def measure_host_profile(seconds: float = 2.0, save: bool = True, gemm_n: int = 
     a32, b32 = torch.randn(n, n), torch.randn(n, n)
     a16, b16 = a32.bfloat16(), b32.bfloat16()
     big = torch.ones(mem_mb * 2 ** 20 // 4)
-    tiny, module = torch.ones(8), torch.nn.Identity()
+    tiny, module = torch.ones(1, 8), torch.nn.Linear(8, 8)  # module: the smallest real graph call
     with torch.inference_mode():
         prof = {
             "gemm_fp32_flops": _best_rate(lambda: torch.mm(a32, b32), flop, share),

@@ -80,7 +80,7 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
     from ..metrics import bootstrap_ci, logit_agreement
     from ..models import describe, load_model, model_fingerprint
     from ..plan import Plan
-    from ..prefill import Clock, chunked_prefill
+    from ..runtime import Clock, chunked_prefill
     from ..timeline import schedule, summarize, to_frame
     from ..workloads import get_workload
     from ..workloads.scoring import evaluate_sample

@@ -89,16 +89,23 @@ def _get(obj, key, default=None):
     return obj.get(key, default) if isinstance(obj, dict) else getattr(obj, key, default)
 
 
-def group_specs(plan, *, all_tiers: bool = False, limits: Limits | None = None, act: str = "swiglu",
-                has_bias: bool = False) -> list[GroupGraphSpec]:
+def group_specs(plan, *, all_tiers: bool = False, limits: Limits | None = None, weights: dict | None = None
+                ) -> list[GroupGraphSpec]:
     """One spec per resident group of `plan` (a Plan or its JSON dict). all_tiers: also give each group the
-    layer's smaller tier capacities as extra functions. Raises for a group over the graph-size limit."""
-    limits = limits or Limits()
+    layer's smaller tier capacities as extra functions. weights {layer: ExpertWeights} (optional) supplies the
+    activation, biases, and sizes a plan layer lacks. Raises for a group over the graph-size limit."""
+    limits, weights = limits or Limits(), weights or {}
     specs = []
     for layer in _get(plan, "layers", []):
-        lid, hidden, inter = _get(layer, "layer"), _get(layer, "hidden"), _get(layer, "intermediate")
+        lid = int(_get(layer, "layer"))
+        w = weights.get(lid)
+        hidden = _get(layer, "hidden", w.hidden if w is not None else None)
+        inter = _get(layer, "intermediate", w.intermediate if w is not None else None)
+        act = w.act if w is not None else "swiglu"
+        has_bias = w is not None and any(b is not None for b in canonical(w)[3:])
         if hidden is None or inter is None:
-            raise NpuMoeError(f"plan layer {lid} has no hidden/intermediate sizes; rebuild the plan with this version")
+            raise NpuMoeError(f"plan layer {lid} has no hidden/intermediate sizes; pass the model (--model) or "
+                              "rebuild the plan with this version")
         tiers = sorted({int(c) for c in (_get(layer, "tier_capacities") or [])}, reverse=True)
         for grp in _get(layer, "groups", []):
             if not _get(grp, "resident", False):

@@ -22,7 +22,9 @@ ANE_OPS = frozenset({
     "slice_by_index", "reduce_mean", "reduce_sum", "layer_norm", "cast", "identity",
     "read_state", "coreml_update_state",
 })
-WEIGHT_OPS = ("const", "constexpr_")  # const and compressed-weight ops (decompressed just in time on the ANE)
+# Re-execution tolerance per weight compression. LUT palettization is lossy by design (its accuracy cost is measured
+# by the accuracy harness), so its error is reported as a warning, not a failure.
+TOLERANCE = {None: 1e-2, "int8": 3e-2}
 
 
 @dataclass
@@ -137,10 +139,11 @@ def rel_err(a, b) -> float:
     return float(np.abs(np.asarray(a, np.float32) - b).max() / max(np.abs(b).max(), 1e-12))
 
 
-def validate_group_package(path, spec, weights, layout: str, limits: Limits | None = None, tol: float = 1e-2,
+def validate_group_package(path, spec, weights, layout: str, limits: Limits | None = None, compression=None,
                            seed: int = 0, prog=None) -> list[GraphReport]:
     """Validate every function (capacity) of a group package; re-executes each in NumPy vs the workbench path."""
     limits = limits or Limits()
+    tol = TOLERANCE.get(compression)
     prog = prog or load_program(path)
     reports = []
     for cap in spec.capacities:
@@ -152,8 +155,10 @@ def validate_group_package(path, spec, weights, layout: str, limits: Limits | No
         x = rng.standard_normal((len(spec.experts), int(cap), spec.hidden)).astype(np.float16).astype(np.float32)
         out = run_function(prog, fname, {"x": to_layout(x, layout)})["y"]
         rep.rel_err = rel_err(from_layout(out, layout, len(spec.experts)), workbench_group_ffn(x, weights))
-        if not np.isfinite(rep.rel_err) or rep.rel_err > tol:
+        if not np.isfinite(rep.rel_err) or (tol is not None and rep.rel_err > tol):
             rep.violations.append(f"NumPy re-execution differs from the expert path: rel err {rep.rel_err:.3g} > {tol}")
+        elif tol is None:
+            rep.warnings.append(f"{compression} weights: re-execution rel err {rep.rel_err:.3g} vs fp32 weights")
         reports.append(rep)
     return reports
 

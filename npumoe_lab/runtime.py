@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .devices.cost import attention_cost, dense_cost, expert_ffn_cost, memory_cost
-from .engine import LayerStats
+from .engine import LayerStats, NullClock
 from .errors import NpuMoeError
 from .timeline import Event
 
@@ -238,21 +238,23 @@ def chunked_prefill(model, input_ids: torch.Tensor, chunk: int, clock: Clock | N
             pad = chunk - n_real                         # the static graphs take exactly `chunk` tokens
             if pad:
                 ids = torch.cat([ids, ids.new_full((1, pad), pad_token_id)], 1)
+            op_clock = clock if clock is not None else NullClock()   # carries chunk index and pad mask
+            op_clock.chunk = c
+            op_clock.pad_mask = (torch.arange(ids.shape[1]) >= n_real) if pad else None
             if clock is not None:
-                clock.chunk, clock.model_dims["past"] = c, s
-                clock.pad_mask = (torch.arange(ids.shape[1]) >= n_real) if pad else None
-                if executor is not None and hasattr(executor, "clock"):
-                    executor.clock = clock
+                clock.model_dims["past"] = s
+            if executor is not None and hasattr(executor, "clock"):
+                executor.clock = op_clock
             n_events, t_chunk = len(clock.events) if clock else 0, time.perf_counter()
-            out = model(input_ids=ids, past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
+            out = model(input_ids=ids, cache=cache, use_cache=True)
+            cache = out.cache
             if clock is not None:
                 _record_rest(clock, model, time.perf_counter() - t_chunk, n_events, last=s + chunk >= T)
             logits.append(out.logits[:, :n_real].float())
             if bool(torch.isnan(logits[-1]).any()):
                 raise NpuMoeError(f"NaN in the logits of prefill chunk {c}; check the model weights/dtype")
             if pad:
-                cache.crop(s + n_real)
+                cache.crop(-pad)
     finally:
         if hooks is not None:
             hooks.remove()

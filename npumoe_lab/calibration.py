@@ -1,0 +1,329 @@
+"""Offline calibration (PAPER.md 3.1): run the model over calibration text in prefill chunks and record, per
+(layer, expert, chunk), how many assignments the router sent there; plus per-expert saliency statistics and the
+co-routing matrix (for coactivation grouping).
+
+Documents are cut to whole chunks (up to the model context, rounded down to a multiple of `chunk`), and the KV
+cache is carried from chunk to chunk within a document, so every chunk sees the context it would see in
+chunked prefill. Only whole chunks are counted: per-chunk counts are comparable, and the total is `tokens`
+rounded down to whole chunks (or less if the text runs out; `meta["n_tokens"]` says what was used).
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import random
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .errors import NpuMoeError
+from .utils import progress, provenance
+
+COUNT_COLUMNS = ("layer", "expert", "chunk_id", "count")
+STAT_COLUMNS = ("layer", "expert", "count", "weight_sum", "weight_sq_sum", "norm_sum")
+COACT_COLUMNS = ("layer", "expert_a", "expert_b", "count")   # a < b, tokens routed to both
+TEXT_WORKLOADS = ("mixed",)     # + every domain name of npumoe_lab.workloads.base.DOMAINS
+
+
+@dataclass
+class CalibrationProfile:
+    counts: pd.DataFrame            # every (layer, expert, chunk_id), zeros included
+    stats: pd.DataFrame
+    meta: dict
+    coactivation: pd.DataFrame | None = None
+
+    def __post_init__(self):
+        for name, cols in (("counts", COUNT_COLUMNS), ("stats", STAT_COLUMNS)):
+            missing = set(cols) - set(getattr(self, name).columns)
+            if missing:
+                raise NpuMoeError(f"calibration {name} lacks columns {sorted(missing)}; recreate the profile with "
+                                  "`npumoe-lab calibrate`")
+        if (self.counts["count"] < 0).any():
+            raise NpuMoeError("calibration counts must be >= 0; the profile is corrupt, recreate it")
+        for key in ("chunk", "model_fingerprint"):
+            if key not in self.meta:
+                raise NpuMoeError(f"calibration meta lacks {key!r}; recreate the profile with `npumoe-lab calibrate`")
+
+    # -- shape -------------------------------------------------------------------------------------------
+    @property
+    def layers(self) -> list[int]:
+        return sorted(int(x) for x in self.counts["layer"].unique())
+
+    @property
+    def chunk(self) -> int:
+        return int(self.meta["chunk"])
+
+    @property
+    def n_chunks(self) -> int:
+        return int(self.counts["chunk_id"].nunique())
+
+    def _layer(self, df: pd.DataFrame, layer: int) -> pd.DataFrame:
+        sub = df[df["layer"] == layer]
+        if sub.empty:
+            raise NpuMoeError(f"layer {layer} is not in the calibration profile; its layers are {self.layers}")
+        return sub
+
+    def n_experts(self, layer: int) -> int:
+        return int(self._layer(self.counts, layer)["expert"].max()) + 1
+
+    def count_matrix(self, layer: int) -> np.ndarray:
+        """Per-chunk routed counts [E, n_chunks] (chunks in id order)."""
+        sub = self._layer(self.counts, layer)
+        m = sub.pivot_table(index="expert", columns="chunk_id", values="count", aggfunc="sum", fill_value=0)
+        m = m.reindex(index=range(self.n_experts(layer)), columns=sorted(self.counts["chunk_id"].unique()),
+                      fill_value=0)
+        return m.to_numpy(dtype=np.int64)
+
+    def coactivation_matrix(self, layer: int) -> np.ndarray | None:
+        """Tokens routed to both e and f [E, E] (symmetric, zero diagonal); None if not recorded."""
+        if self.coactivation is None:
+            return None
+        E = self.n_experts(layer)
+        m = np.zeros((E, E), dtype=np.int64)
+        sub = self.coactivation[self.coactivation["layer"] == layer]
+        m[sub["expert_a"].to_numpy(), sub["expert_b"].to_numpy()] = sub["count"].to_numpy()
+        return m + m.T
+
+    # -- reports -----------------------------------------------------------------------------------------
+    def load_share(self, layer: int) -> np.ndarray:
+        """Share of the layer's routed assignments that went to each expert [E]."""
+        tot = self.count_matrix(layer).sum(axis=1).astype(float)
+        return tot / tot.sum() if tot.sum() else tot
+
+    def gini(self, layer: int) -> float:
+        """Gini coefficient of the experts' total loads (0 = balanced, -> 1 = one expert takes all)."""
+        x = np.sort(self.count_matrix(layer).sum(axis=1).astype(float))
+        n = len(x)
+        if x.sum() == 0:
+            return 0.0
+        return float(((2 * np.arange(1, n + 1) - n - 1) * x).sum() / (n * x.sum()))
+
+    def experts_covering(self, layer: int, frac: float) -> int:
+        """Fewest experts (hottest first) that receive at least `frac` of the layer's assignments."""
+        if not 0 < frac <= 1:
+            raise NpuMoeError(f"frac must be in (0, 1], got {frac}")
+        share = np.sort(self.load_share(layer))[::-1]
+        return int(np.searchsorted(np.cumsum(share), frac - 1e-12) + 1)
+
+    def hot_experts(self, layer: int, k: int) -> set[int]:
+        tot = self.count_matrix(layer).sum(axis=1)
+        return set(sorted(range(len(tot)), key=lambda e: (-tot[e], e))[:k])
+
+    def hot_set_jaccard(self, other: "CalibrationProfile", k: int) -> pd.Series:
+        """Per common layer: Jaccard similarity of the top-k hottest experts here and in `other`."""
+        common = sorted(set(self.layers) & set(other.layers))
+        if not common:
+            raise NpuMoeError("the two profiles share no layer; compare profiles of the same model")
+        out = {}
+        for layer in common:
+            a, b = self.hot_experts(layer, k), other.hot_experts(layer, k)
+            out[layer] = len(a & b) / len(a | b)
+        return pd.Series(out, name=f"jaccard_top{k}").rename_axis("layer")
+
+    def summary(self) -> pd.DataFrame:
+        rows = []
+        for layer in self.layers:
+            m = self.count_matrix(layer)
+            rows.append({"layer": layer, "n_experts": m.shape[0], "routed": int(m.sum()),
+                         "top1_share": float(self.load_share(layer).max()), "gini": self.gini(layer),
+                         "experts_50": self.experts_covering(layer, 0.5),
+                         "experts_80": self.experts_covering(layer, 0.8),
+                         "p90_chunk_load_max": float(np.percentile(m, 90, axis=1).max()),
+                         "max_chunk_load": int(m.max())})
+        return pd.DataFrame(rows)
+
+    # -- files -------------------------------------------------------------------------------------------
+    def save(self, directory) -> Path:
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        self.counts.to_parquet(d / "counts.parquet", index=False)
+        self.stats.to_parquet(d / "stats.parquet", index=False)
+        if self.coactivation is not None:
+            self.coactivation.to_parquet(d / "coactivation.parquet", index=False)
+        tmp = d / "profile.json.tmp"
+        tmp.write_text(json.dumps(self.meta, indent=2, sort_keys=True, default=str))
+        tmp.replace(d / "profile.json")   # profile.json last: its presence marks a complete profile
+        return d
+
+    @classmethod
+    def load(cls, directory) -> "CalibrationProfile":
+        d = Path(directory)
+        if not (d / "profile.json").is_file():
+            raise NpuMoeError(f"{d} is not a calibration profile (no profile.json); create one with "
+                              "`npumoe-lab calibrate --out DIR`")
+        coact = d / "coactivation.parquet"
+        return cls(pd.read_parquet(d / "counts.parquet"), pd.read_parquet(d / "stats.parquet"),
+                   json.loads((d / "profile.json").read_text()), pd.read_parquet(coact) if coact.exists() else None)
+
+
+# -- calibration text ------------------------------------------------------------------------------------
+def model_context(model, tokenizer=None) -> int | None:
+    ctx = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if ctx is None and tokenizer is not None:
+        from .workloads.base import context_limit
+        ctx = context_limit(tokenizer)
+    return None if ctx is None else int(ctx)
+
+
+def _text_documents(tokenizer, texts: dict, doc_len: int, chunk: int, seed: int) -> list[list[int]]:
+    from .workloads.base import bos_id, encode
+    bos = bos_id(tokenizer)
+    docs = []
+    for name, text in texts.items():
+        toks = encode(tokenizer, text) if text else []
+        body = doc_len - len(bos)
+        for start in range(0, len(toks), body):
+            doc = bos + toks[start:start + body]
+            docs.append(doc[:len(doc) // chunk * chunk])
+    docs = [d for d in docs if d]
+    if not docs:
+        sizes = {k: len(v or "") for k, v in texts.items()}
+        raise NpuMoeError(f"the calibration text is empty or shorter than one chunk of {chunk} tokens "
+                          f"(characters per source: {sizes}); pass more text or a smaller chunk")
+    random.Random(seed).shuffle(docs)   # mix domains so a token budget covers all of them
+    return docs
+
+
+def calibration_documents(tokenizer, workload: str, chunk: int, doc_len: int, tokens: int, seed: int = 0,
+                          text=None) -> list[list[int]]:
+    """Token documents for calibration, each a whole number of chunks: `text` (a string or {name: string}) when
+    given, else the bundled calib text of a domain or of all of them ("mixed"), else a workload's samples."""
+    from .workloads.base import DOMAINS
+    if tokenizer is None:
+        raise NpuMoeError("calibration needs the model's tokenizer; the model directory has none, add its "
+                          "tokenizer files")
+    if text is not None:
+        return _text_documents(tokenizer, text if isinstance(text, dict) else {"text": text}, doc_len, chunk, seed)
+    if workload in TEXT_WORKLOADS or workload in DOMAINS:
+        from .train.corpora import bundled_text
+        names = DOMAINS if workload == "mixed" else (workload,)
+        return _text_documents(tokenizer, {d: bundled_text(d, "calib") for d in names}, doc_len, chunk, seed)
+    from .workloads import get_workload
+    wl = get_workload(workload)
+    prompt_len = min(doc_len - (wl.max_new_tokens + chunk - 1) // chunk * chunk, tokens // chunk * chunk)
+    if prompt_len < chunk:
+        raise NpuMoeError(f"workload {workload!r} leaves no room for one chunk of {chunk} tokens in the model "
+                          f"context; use a smaller chunk")
+    samples = wl.samples(tokenizer, prompt_len, math.ceil(tokens / prompt_len), seed)
+    return [list(s.input_ids)[:len(s.input_ids) // chunk * chunk] for s in samples]
+
+
+# -- running the model -----------------------------------------------------------------------------------
+class _Accumulator:
+    def __init__(self, specs, n_chunks: int):
+        self.E = {s.layer: s.n_experts for s in specs}
+        self.counts = {l: np.zeros((e, n_chunks), dtype=np.int64) for l, e in self.E.items()}
+        self.stats = {l: np.zeros((4, e)) for l, e in self.E.items()}          # count, w, w^2, norm
+        self.coact = {l: np.zeros((e, e), dtype=np.int64) for l, e in self.E.items()}
+
+    def add(self, rec, chunk_id: int):
+        E, mask = self.E[rec.layer], rec.token_mask.bool()
+        idx, w = rec.topk_idx[mask], rec.topk_weight[mask].double()
+        norm = rec.hidden_norm[mask].double()[:, None].expand_as(w)
+        flat = idx.reshape(-1)
+        self.counts[rec.layer][:, chunk_id] += torch.bincount(flat, minlength=E).numpy()
+        for row, vals in enumerate((torch.ones_like(w), w, w * w, norm)):
+            self.stats[rec.layer][row] += torch.bincount(flat, weights=vals.reshape(-1), minlength=E).numpy()
+        onehot = torch.zeros(idx.shape[0], E, dtype=torch.float64).scatter_(1, idx, 1.0)
+        self.coact[rec.layer] += (onehot.T @ onehot).round().long().numpy()
+
+    def frames(self):
+        counts, stats, coact = [], [], []
+        for l, m in self.counts.items():
+            E, C = m.shape
+            counts.append(pd.DataFrame({"layer": l, "expert": np.repeat(np.arange(E), C),
+                                        "chunk_id": np.tile(np.arange(C), E), "count": m.reshape(-1)}))
+            s = self.stats[l]
+            stats.append(pd.DataFrame({"layer": l, "expert": np.arange(E), "count": s[0].round().astype(np.int64),
+                                       "weight_sum": s[1], "weight_sq_sum": s[2], "norm_sum": s[3]}))
+            a, b = np.triu_indices(E, 1)
+            c = self.coact[l][a, b]
+            keep = c > 0
+            coact.append(pd.DataFrame({"layer": l, "expert_a": a[keep], "expert_b": b[keep], "count": c[keep]}))
+        return pd.concat(counts, ignore_index=True), pd.concat(stats, ignore_index=True), \
+            pd.concat(coact, ignore_index=True)
+
+
+@torch.no_grad()
+def calibrate(model, tokenizer, workload: str = "mixed", chunk: int = 512, tokens: int = 16384, seed: int = 0,
+              out=None, text=None) -> CalibrationProfile:
+    """Calibration profile of `model` over `tokens` tokens of `workload` (a workload name, a domain name, or
+    "mixed" = all bundled calib texts), in prefill chunks of `chunk`; saved to `out` when given."""
+    from .models import describe, model_fingerprint
+    from .routing import RoutingRecorder
+    if not isinstance(chunk, int) or chunk < 1:
+        raise NpuMoeError(f"chunk must be an int >= 1, got {chunk!r}")
+    ctx = model_context(model, tokenizer)
+    if ctx is not None and chunk > ctx:
+        raise NpuMoeError(f"chunk {chunk} is larger than the model context of {ctx} tokens; use chunk <= {ctx}")
+    if tokens < chunk:
+        raise NpuMoeError(f"tokens {tokens} is less than one chunk of {chunk}; ask for at least {chunk} tokens")
+    doc_len = (ctx // chunk * chunk) if ctx is not None else max(chunk, tokens // chunk * chunk)
+    docs, budget, used = calibration_documents(tokenizer, workload, chunk, doc_len, tokens, seed, text), \
+        tokens // chunk * chunk, []
+    for d in docs:                       # take whole chunks until the budget is spent
+        take = min(len(d), budget - sum(map(len, used)))
+        if take <= 0:
+            break
+        used.append(d[:take])
+    n_tokens = sum(map(len, used))
+    if n_tokens < budget:
+        warnings.warn(f"calibration text gave {n_tokens} tokens of the {tokens} asked for; using {n_tokens}")
+    specs = describe(model)
+    acc, chunk_id = _Accumulator(specs, n_tokens // chunk), 0
+    device = next(model.parameters()).device
+    bar = progress(total=n_tokens // chunk, desc=f"calibrate {workload}", unit="chunk")
+    # transformers v5 names the KV cache `cache`; older releases `past_key_values`
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    with RoutingRecorder(model) as rec:
+        for doc in used:
+            past = None
+            for start in range(0, len(doc), chunk):
+                ids = torch.tensor([doc[start:start + chunk]], device=device)
+                out_ = model(input_ids=ids, use_cache=True, **{cache_arg: past})
+                past = getattr(out_, cache_arg)
+                for r in rec.records:
+                    acc.add(r, chunk_id)
+                rec.records.clear()
+                chunk_id += 1
+                bar.update(1)
+    bar.close()
+    counts, stats, coact = acc.frames()
+    meta = {"model_fingerprint": model_fingerprint(model),
+            "model": str(getattr(model.config, "_name_or_path", "") or type(model).__name__),
+            "workload": workload if text is None else "text", "chunk": chunk, "n_tokens": n_tokens,
+            "requested_tokens": tokens, "n_chunks": chunk_id, "n_documents": len(used), "context": ctx,
+            "seed": seed, "layers": [dict(vars(s)) for s in specs], **provenance(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    profile = CalibrationProfile(counts, stats, meta, coact)
+    if out is not None:
+        profile.save(out)
+    return profile
+
+
+# -- CLI -------------------------------------------------------------------------------------------------
+def _cli(args) -> int:
+    from .models import load_model
+    model, tokenizer = load_model(args.model, dtype=args.dtype)
+    profile = calibrate(model, tokenizer, args.workload, args.chunk, args.tokens, args.seed, args.out)
+    print(profile.summary().to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print(f"wrote {args.out} ({profile.meta['n_tokens']} tokens, {profile.meta['n_chunks']} chunks)")
+    return 0
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser("calibrate", help="record per-expert routed-token counts per prefill chunk")
+    p.add_argument("--model", required=True, help="'tiny' or a local HF checkpoint directory")
+    p.add_argument("--workload", default="mixed", help="a workload name, a domain name, or 'mixed' (default)")
+    p.add_argument("--chunk", type=int, default=512, help="prefill chunk in tokens (default 512)")
+    p.add_argument("--tokens", type=int, default=16384, help="calibration tokens (default 16384)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default=None, help="model dtype (default float32)")
+    p.add_argument("--out", required=True, help="output directory of the profile")
+    p.set_defaults(func=_cli)

@@ -1,0 +1,128 @@
+"""Engine: static plans inside HF's forward, chunked prefill, padding, spill, errors (issue 4)."""
+import pytest
+import torch
+
+import npumoe_lab as nl
+from npumoe_lab.engine import PlanExecutor
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.models import describe
+from npumoe_lab.runtime import chunked_prefill
+from npumoe_lab.variants import dynamic_plan
+from tests.model_zoo import tiny_model
+
+torch.set_num_threads(1)
+
+
+def make_plan(specs, capacity, group_size=2, cold_every=0, saliency="weight_x_norm", renormalize=False):
+    """Plan-shaped dict: experts grouped in id order at one capacity; every `cold_every`-th group on the CPU."""
+    layers = []
+    for s in specs:
+        groups = []
+        for gid, start in enumerate(range(0, s.n_experts, group_size)):
+            experts = list(range(start, min(start + group_size, s.n_experts)))
+            resident = not (cold_every and gid % cold_every == cold_every - 1)
+            groups.append({"id": gid, "experts": experts, "capacity": capacity, "resident": resident})
+        layers.append({"layer": s.layer, "groups": groups})
+    return {"saliency": saliency, "renormalize": renormalize, "layers": layers}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("qwen3_moe", seed=3)
+
+
+def hf_logits(model, ids):
+    nl.detach(model)
+    model.set_experts_implementation("eager")
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.mark.parametrize("chunk", [16, 64])
+@pytest.mark.parametrize("setup", ["dynamic", "static", "static-cold", "static-cold-static", "spill"])
+def test_capacity_at_least_load_equals_reference(model, chunk, setup):
+    ids = torch.randint(3, 128, (1, 45), generator=torch.Generator().manual_seed(1))
+    ref = hf_logits(model, ids)
+    specs = describe(model)
+    if setup == "dynamic":
+        nl.attach(model, dynamic_plan(specs))
+    else:   # capacity = chunk: an expert can take every token of a chunk, so nothing can be dropped
+        cold_every = 2 if "cold" in setup else 0
+        nl.attach(model, make_plan(specs, chunk, cold_every=cold_every), spill=setup == "spill",
+                  cold="static" if setup.endswith("static") else "dynamic")
+    res = chunked_prefill(model, ids, chunk)
+    nl.detach(model)
+    torch.testing.assert_close(res.logits, ref, atol=1e-4, rtol=0)
+
+
+def test_padding_never_changes_real_tokens(model):
+    """Last chunk padded with different pad ids: real tokens' logits identical even with drops (pads take no
+    capacity and cannot outrank real tokens)."""
+    ids = torch.randint(3, 128, (1, 37), generator=torch.Generator().manual_seed(2))
+    nl.attach(model, make_plan(describe(model), capacity=3))
+    a = chunked_prefill(model, ids, 16, pad_token_id=0)
+    b = chunked_prefill(model, ids, 16, pad_token_id=77)
+    nl.detach(model)
+    assert a.logits.shape[1] == 37
+    assert torch.equal(a.logits, b.logits)
+    assert a.past_key_values.get_seq_length() == 37
+
+
+def test_small_capacity_drops_and_spill_recovers(model):
+    ids = torch.randint(3, 128, (1, 64), generator=torch.Generator().manual_seed(4))
+    ref = hf_logits(model, ids)
+    specs = describe(model)
+    from npumoe_lab.runtime import Clock
+    from npumoe_lab.devices import get_platform
+    nl.attach(model, make_plan(specs, capacity=4))
+    clock = Clock(get_platform("m2-max"), measured=False, attention_role="npu")
+    dropped = chunked_prefill(model, ids, 32, clock)
+    n_drop = sum(s.dropped for _, _, s in clock.stats)
+    n_routed = sum(s.routed for _, _, s in clock.stats)
+    assert n_routed == 64 * 2 * len(specs) and n_drop > 0
+    assert (dropped.logits - ref).abs().max() > 1e-3
+    nl.attach(model, make_plan(specs, capacity=4), spill=True)
+    spilled = chunked_prefill(model, ids, 32)
+    nl.detach(model)
+    torch.testing.assert_close(spilled.logits, ref, atol=1e-4, rtol=0)
+
+
+def test_modeled_events_cover_every_op(model):
+    ids = torch.randint(3, 128, (1, 40), generator=torch.Generator().manual_seed(5))
+    specs = describe(model)
+    nl.attach(model, make_plan(specs, capacity=16, cold_every=2))
+    res = nl.prefill(model, ids, chunk=20, platform="m2-max", attention="npu")
+    nl.detach(model)
+    names = {e.name for e in res.events}
+    assert {"attention", "router", "dispatch", "pack", "scatter", "cold", "other"} <= names
+    assert all(e.timing_source == "modeled" for e in res.events)
+    groups = [e for e in res.events if e.name.startswith("group")]
+    assert groups and all(e.device == "npu" for e in groups)
+    assert res.summary["timing_source"] == "modeled"
+    assert res.summary["n_npu_calls"] == len(groups) + sum(e.name == "attention" for e in res.events)
+
+
+def test_nan_stops_with_layer_and_chunk(model):
+    import copy
+    m = copy.deepcopy(model)
+    nl.attach(m, make_plan(describe(m), capacity=8))
+    with torch.no_grad():
+        m.model.layers[0].mlp.experts.down_proj.fill_(float("nan"))
+    ids = torch.randint(3, 128, (1, 20))
+    with pytest.raises(NpuMoeError, match=r"MoE layer 1 at prefill chunk 0"):
+        chunked_prefill(m, ids, 10)
+
+
+def test_bad_prompts(model):
+    nl.attach(model)
+    with pytest.raises(NpuMoeError, match="empty"):
+        chunked_prefill(model, torch.zeros(1, 0, dtype=torch.long), 16)
+    with pytest.raises(NpuMoeError, match="context"):
+        chunked_prefill(model, torch.zeros(1, 600, dtype=torch.long), 16)
+    nl.detach(model)
+
+
+def test_plan_for_another_model_is_rejected(model):
+    with pytest.raises(NpuMoeError, match="no entry for MoE layers"):
+        PlanExecutor({"saliency": "position", "layers": []}, nl.attach(model)._npumoe.handles)
+    nl.detach(model)
