@@ -161,12 +161,14 @@ def pack(hidden: torch.Tensor, dispatch: Dispatch, out: torch.Tensor | None = No
 
 
 def scatter(expert_out: torch.Tensor, dispatch: Dispatch) -> torch.Tensor:
-    """[R, H] expert outputs -> [T, H]: weighted sum over each token's kept assignments (HF-style
-    deterministic reshape-and-sum over k, accumulated in fp32)."""
+    """[R, H] expert outputs -> [T, H]: weighted sum over each token's kept assignments (deterministic
+    reshape-and-sum over k)."""
     R, H = expert_out.shape
     slot = torch.where(dispatch.slot >= 0, dispatch.slot, R)
     ext = torch.cat([expert_out, expert_out.new_zeros(1, H)], 0)
-    rows = ext.index_select(0, slot) * dispatch.weight.unsqueeze(-1)   # promotes like HF (fp32 weights)
+    # weight in the routing dtype, then round each weighted row to the activation dtype before the sum over k,
+    # as HF's eager experts do (index_add_ into a bf16 buffer): bf16 results then match HF's rounding
+    rows = (ext.index_select(0, slot) * dispatch.weight.unsqueeze(-1)).to(expert_out.dtype)
     return rows.view(dispatch.n_tokens, dispatch.top_k, H).sum(1)
 
 

@@ -119,6 +119,20 @@ def test_load_model_errors(tmp_path, monkeypatch):
         load_model("tiny")
 
 
+def test_load_model_returns_the_saved_tokenizer_and_resolves_tiny(tmp_path, monkeypatch):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {w: i for i, w in enumerate(["<pad>", "<s>", "</s>", "hello", "world"])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>").save_pretrained(tmp_path)
+    tiny_model("olmoe").save_pretrained(tmp_path)
+    monkeypatch.setattr(loading, "TINY_MODEL_DIR", tmp_path)
+    model, tokenizer = load_model("tiny")
+    assert tokenizer("hello world")["input_ids"] == [3, 4]
+    assert [s.layer for s in describe(model)] == [0, 1]
+
+
 @pytest.mark.skipif(not (loading.TINY_MODEL_DIR / "config.json").is_file(), reason="tiny model not trained yet")
 def test_load_bundled_tiny_model():
     model, tokenizer = load_model("tiny")

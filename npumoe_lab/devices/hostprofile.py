@@ -123,6 +123,9 @@ def load_host_profile(measure_if_missing: bool = False) -> dict:
     path = profile_path()
     if path.is_file():
         prof = yaml.safe_load(path.read_text())
+        if not isinstance(prof, dict) or not all(k in prof for k in DEFAULTS):
+            raise NpuMoeError(f"host profile {path} is damaged or from an older version; delete it and run "
+                              f"measure_host_profile() again")
         prof["source"] = f"measured on this host by measure_host_profile ({prof.get('created')}, {path})"
         return prof
     if measure_if_missing:

@@ -137,6 +137,8 @@ def _validate(raw, path: Path) -> None:
     if raw["kind"] not in KINDS or not isinstance(raw["npu_shares_cpu"], bool):
         raise NpuMoeError(f"{path}: kind must be one of {KINDS} and npu_shares_cpu a boolean")
     for role, keys in REQUIRED.items():
+        if not isinstance(raw[role], dict):
+            raise NpuMoeError(f"{path}: {role} must be a mapping of parameters; see m2-max.yaml")
         missing = [k for k in keys if k not in raw[role]]
         if missing:
             raise NpuMoeError(f"{path}: {role} lacks parameters {missing}; add them with {', '.join(FIELDS)}")
@@ -205,7 +207,7 @@ def get_platform(name: str, **overrides) -> Platform:
     """Load platform `name`; overrides like npu_dispatch_s=2e-4 or npu_throughput_flops="fused_block"."""
     raw = copy.deepcopy(_read_yaml(name))
     params = {role: raw[role] for role in ROLES}
-    if name == "cpu" or any("from_host_profile" in e for r in ROLES for e in params[r].values()):
+    if any("from_host_profile" in e for r in ROLES for e in params[r].values()):
         from .hostprofile import fill_host_params
         fill_host_params(params)
     for knob, value in sorted(overrides.items()):

@@ -10,8 +10,6 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
-
 from ..errors import NpuMoeError
 from ..utils import progress, provenance
 from .cache import GraphCache, artifact_key, copy_artifact, weights_digest
@@ -75,8 +73,7 @@ def build_graphs(plan, weights: dict, out, *, target: str = "coreml", options=No
     if target not in TARGETS:
         raise NpuMoeError(f"unknown target {target!r}; use one of {TARGETS}")
     if target == "coreml":
-        from .coreml import CoreMLOptions, require_coremltools
-        require_coremltools()
+        from .coreml import CoreMLOptions  # coremltools itself is imported only if something must be built
         options = options or CoreMLOptions()
     opt_key = asdict(options) if options is not None else {}
     limits, cache, out = limits or Limits(), cache or GraphCache(), Path(out)
@@ -128,7 +125,6 @@ def model_parts(model) -> tuple[dict, dict, object]:
     return weights, attention, getattr(model.base_model, "rotary_emb", None)
 
 
-@torch.no_grad()
 def violations(manifest: dict) -> list[str]:
     return [f"{f.get('graph')}/{f.get('function')}: {v}" for g in manifest["graphs"] for f in g["functions"]
             for v in f.get("violations", [])]

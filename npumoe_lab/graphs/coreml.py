@@ -4,6 +4,8 @@ per attention layer (one function per chunk length), optional int8 / LUT weight 
 Conversion works on Linux; running needs macOS (devices/coreml.py)."""
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import shutil
 import tempfile
@@ -49,9 +51,16 @@ class CoreMLOptions:
         return asdict(self)
 
 
-def _convert(ct, traced, inputs, outputs, states, options: CoreMLOptions):
-    with warnings.catch_warnings():
+@contextlib.contextmanager
+def _quiet():
+    """coremltools draws unconditional tqdm bars per conversion pass; keep them out of our own progress output."""
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
+        yield
+
+
+def _convert(ct, traced, inputs, outputs, states, options: CoreMLOptions):
+    with _quiet():
         ml = ct.convert(traced, inputs=inputs, outputs=outputs, states=states or None, convert_to="mlprogram",
                         compute_precision=ct.precision.FLOAT16, minimum_deployment_target=ct.target.iOS18,
                         compute_units=getattr(ct.ComputeUnit, options.compute_units))
@@ -65,11 +74,13 @@ def _compress(ct, ml, options: CoreMLOptions):
     if options.compression == "int8":
         cfg = opt.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int8", granularity="per_channel",
                                           weight_threshold=2048)
-        return opt.linear_quantize_weights(ml, config=opt.OptimizationConfig(global_config=cfg))
+        with _quiet():
+            return opt.linear_quantize_weights(ml, config=opt.OptimizationConfig(global_config=cfg))
     nbits = int(options.compression[3:])
     cfg = opt.OpPalettizerConfig(mode="uniform", nbits=nbits, granularity="per_grouped_channel",
                                  group_size=options.lut_group_size, weight_threshold=2048)
-    return opt.palettize_weights(ml, config=opt.OptimizationConfig(global_config=cfg))
+    with _quiet():
+        return opt.palettize_weights(ml, config=opt.OptimizationConfig(global_config=cfg))
 
 
 def _tensor(ct, name, shape):
@@ -86,8 +97,7 @@ def _save_multifunction(ct, models: dict, out: Path, default: str) -> Path:
             ml.save(str(p))
             desc.add_function(str(p), src_function_name="main", target_function_name=fname)
         desc.default_function_name = default
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with _quiet():
             ct.utils.save_multifunction(desc, str(out))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

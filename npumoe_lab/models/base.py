@@ -50,6 +50,10 @@ def _no_shared(config) -> int:
     return 0
 
 
+def _config_top_k(config) -> int:
+    return int(config.num_experts_per_tok)
+
+
 @dataclass(frozen=True)
 class Family:
     """Quirks of one HF `model_type`. Callables take the HF config (or, for reference_route, a router)."""
@@ -66,6 +70,7 @@ class Family:
     norm_topk_prob: Callable[[object], bool] = _config_norm_topk
     moe_layers: Callable[[object], list[int]] = _all_layers
     n_shared_experts: Callable[[object], int] = _no_shared
+    top_k: Callable[[object], int] = _config_top_k
 
     def __post_init__(self):
         assert self.routing in ROUTING_RULES and self.act in ACTIVATIONS, (self.routing, self.act)

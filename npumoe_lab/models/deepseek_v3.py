@@ -11,7 +11,7 @@ from .base import Family, router_logits
 
 def reference_route(router, hidden):
     scores = torch.sigmoid(router_logits(router, hidden))
-    choice = scores + 0
+    choice = scores + router.e_score_correction_bias.float()
     n, e = choice.shape
     groups = choice.view(n, router.num_group, e // router.num_group)
     group_score = groups.topk(2, dim=-1).values.sum(dim=-1)

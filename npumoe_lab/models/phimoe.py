@@ -29,4 +29,5 @@ def reference_route(router, hidden):
 
 
 FAMILY = Family(model_type="phimoe", routing="sparsemixer", reference_route=reference_route,
-                router_attr="router", norm_topk_prob=lambda config: False)
+                router_attr="router", norm_topk_prob=lambda config: False,
+                top_k=lambda config: 2)  # sparsemixer ignores num_experts_per_tok

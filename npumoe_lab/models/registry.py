@@ -57,7 +57,7 @@ def describe(model: nn.Module) -> list[MoELayerSpec]:
     return [MoELayerSpec(
         layer=ref.layer,
         n_experts=int(ref.experts.num_experts),
-        top_k=int(config.num_experts_per_tok),
+        top_k=int(family.top_k(config)),
         hidden=int(config.hidden_size),
         intermediate=int(getattr(config, family.intermediate_key)),
         routing=family.routing,
