@@ -39,6 +39,7 @@ class CalibrationProfile:
     coactivation: pd.DataFrame | None = None
 
     def __post_init__(self):
+        self._matrices: dict[int, np.ndarray] = {}     # count_matrix cache (reports call it repeatedly)
         for name, cols in (("counts", COUNT_COLUMNS), ("stats", STAT_COLUMNS)):
             missing = set(cols) - set(getattr(self, name).columns)
             if missing:
@@ -74,11 +75,14 @@ class CalibrationProfile:
 
     def count_matrix(self, layer: int) -> np.ndarray:
         """Per-chunk routed counts [E, n_chunks] (chunks in id order)."""
+        if layer in self._matrices:
+            return self._matrices[layer].copy()
         sub = self._layer(self.counts, layer)
         m = sub.pivot_table(index="expert", columns="chunk_id", values="count", aggfunc="sum", fill_value=0)
         m = m.reindex(index=range(self.n_experts(layer)), columns=sorted(self.counts["chunk_id"].unique()),
                       fill_value=0)
-        return m.to_numpy(dtype=np.int64)
+        self._matrices[layer] = m.to_numpy(dtype=np.int64)
+        return self._matrices[layer].copy()
 
     def coactivation_matrix(self, layer: int) -> np.ndarray | None:
         """Tokens routed to both e and f [E, E] (symmetric, zero diagonal); None if not recorded."""
@@ -278,6 +282,8 @@ def calibrate(model, tokenizer, workload: str = "mixed", chunk: int = 512, token
     specs = describe(model)
     acc, chunk_id = _Accumulator(specs, n_tokens // chunk), 0
     device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()                     # routing as in inference (no router noise / dropout)
     bar = progress(total=n_tokens // chunk, desc=f"calibrate {workload}", unit="chunk")
     # transformers v5 names the KV cache `cache`; older releases `past_key_values`
     cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -294,6 +300,7 @@ def calibrate(model, tokenizer, workload: str = "mixed", chunk: int = 512, token
                 chunk_id += 1
                 bar.update(1)
     bar.close()
+    model.train(was_training)
     counts, stats, coact = acc.frames()
     meta = {"model_fingerprint": model_fingerprint(model),
             "model": str(getattr(model.config, "_name_or_path", "") or type(model).__name__),

@@ -133,12 +133,16 @@ class Plan:
                          f"{len(gs)} ({','.join(str(len(g['experts'])) for g in gs)})",
                          f"{len(res)}/{len(gs)} ({sum(len(g['experts']) for g in res)} exp)",
                          f"{sum(g['expected_tokens'] for g in res) / tok:.0%}" if tok else "-",
-                         f"{lp['expected_padding']:.1%}", f"{lp['expected_drop_rate']:.1%}"))
+                         _pct(lp.get("expected_padding")), _pct(lp.get("expected_drop_rate"))))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         table = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
         notes = [f"layer {lp['layer']}: {n}" for lp in self.layers for n in lp.get("notes", [])]
         return head + table + ("\nnotes:\n  " + "\n  ".join(notes) if notes else "") + \
             "\n(pad/drop: expected on the calibration counts; NPU tokens: share of kept tokens in resident groups)"
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.1%}"
 
 
 def _check_layer(lp: dict) -> None:
@@ -181,7 +185,7 @@ def _specs(profile, model_or_specs) -> list:
 def _platform(platform):
     if platform is None or not isinstance(platform, str):
         return platform
-    from .devices.platform import get_platform
+    from .devices import get_platform
     return get_platform(platform)
 
 

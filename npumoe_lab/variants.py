@@ -27,8 +27,10 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in [
             "one dispatch+sync per expert", "cpu", "plan",
             dict(capacity_rule="max_observed", group_size=1, residency="all")),
     Variant("anemll", "attention on the NPU, experts on the CPU (dropless): ANEMLL-style", "npu", "dynamic"),
-    Variant("npumoe-base", "operator partitioning only: one NPU graph per expert at a uniform capacity", "npu",
-            "plan", dict(capacity_rule="uniform", tiers=1, group_size=1, residency="all")),
+    # no tiers = one tier: every expert gets the capacity covering the busiest expert's calibrated load, so base
+    # drops what the tiered plans drop but pads far more (the static-shape cost tiers remove)
+    Variant("npumoe-base", "operator partitioning only: one NPU graph per expert, one uniform capacity tier",
+            "npu", "plan", dict(capacity_rule="tiered", tiers=1, group_size=1, residency="all")),
     Variant("npumoe-t", "+ static capacity tiers (one graph per expert)", "npu", "plan",
             dict(capacity_rule="tiered", group_size=1, residency="all")),
     Variant("npumoe-tg", "+ grouped expert execution (one graph per group of same-tier experts)", "npu", "plan",

@@ -44,7 +44,7 @@ def tiny_plan(model, chunk=16, platform=None) -> Plan:
                        "capacity": [caps[t] for t in tier], "tier": tier, "tier_capacities": caps,
                        "groups": [{"id": i, "tier": t, "capacity": caps[t], "experts": e, "resident": r,
                                    "expected_tokens": 4.0} for i, (e, t, r) in enumerate(groups)]})
-    return Plan(model_fingerprint(model), chunk, "weight", True, platform, {}, layers)
+    return Plan(model_fingerprint(model), chunk, "router_weight", True, platform, {}, layers)
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
@@ -91,7 +91,11 @@ def test_chunk_attention_two_chunks_match_hf(kv):
             else:
                 y = m(*args)
             outs.append(y)
-    np.testing.assert_allclose(torch.cat(outs, 1).numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
+    got, want = torch.cat(outs, 1).numpy(), want.numpy()
+    if kv == "io":
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    else:  # Core ML states are fp16, so the torch module keeps its caches in fp16 too
+        assert np.abs(got - want).max() / np.abs(want).max() < 5e-3
 
 
 def test_chunk_inputs_default_rope_matches_hf_and_bad_context():

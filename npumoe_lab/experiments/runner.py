@@ -54,8 +54,6 @@ def _attach_variant(model, variant, specs, profile, platform, knobs, plan):
         used = plan
     else:
         kw = {k: v for k, v in knobs.items() if v is not None}
-        if kw.get("residency") is None:
-            kw["residency"] = "threshold" if kw.get("hot_threshold") is not None else "cost"
         kw.update(variant.plan_overrides)
         used = build_plan(profile, model, platform=platform.name, **kw)
     attach(model, used, spill=variant.spill, npu_dtype=npu_dtype)

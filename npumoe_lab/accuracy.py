@@ -1,0 +1,69 @@
+"""Accuracy harness: a variant against `reference` on each workload (issue 5).
+
+For every workload it reports the task score of both, the change with a paired bootstrap 95% CI, next-token
+top-1 agreement and KL divergence of the prefill logits vs the reference, and the drop and padding rates the
+variant's plan produced. Decoding after prefill runs the normal path (NPUMoE applies to prefill only).
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from .errors import NpuMoeError
+
+DEFAULT_WORKLOADS = ("ruler-multikey", "ruler-vt", "fewshot-cls", "lm-heldout")
+COLUMNS = ["workload", "variant", "platform", "prompt_len", "chunk", "n_samples", "score_name", "ref_score", "score",
+           "accuracy_delta", "accuracy_ci_low", "accuracy_ci_high", "top1_agree", "kl", "drop_rate", "pad_rate"]
+
+
+def plan_drop_rate(plan) -> float:
+    """Expected drop rate of a plan on its calibration data (mean over layers, weighted by routed load)."""
+    num = den = 0.0
+    for lp in plan.layers:
+        rate = lp.get("expected_drop_rate")
+        if rate is None:
+            raise NpuMoeError("this plan does not record expected_drop_rate; rebuild it with npumoe_lab.build_plan")
+        w = float(sum(g.get("expected_tokens", 0.0) for g in lp["groups"])) or 1.0
+        num, den = num + rate * w, den + w
+    return num / den
+
+
+def percentile_for_drop_rate(profile, model, target=(0.10, 0.22), candidates=(95, 90, 80, 70, 60, 50, 40, 30, 20),
+                             **knobs) -> tuple[float, float]:
+    """The highest load percentile whose plan's expected drop rate falls in `target` (the paper's 10-22%),
+    else the one closest to the range. Returns (percentile, expected drop rate)."""
+    from .plan import build_plan
+    lo, hi = target
+    best = None
+    for p in candidates:
+        rate = plan_drop_rate(build_plan(profile, model, percentile=p, **knobs))
+        if lo <= rate <= hi:
+            return p, rate
+        gap = lo - rate if rate < lo else rate - hi
+        if best is None or gap < best[2]:
+            best = (p, rate, gap)
+    return best[0], best[1]
+
+
+def accuracy_report(model="tiny", workloads=DEFAULT_WORKLOADS, variant="npumoe", platform="cpu", prompt_len=1024,
+                    chunk=256, n_samples=16, seed=0, out=None, target_drop=None, **plan_knobs) -> pd.DataFrame:
+    """One row per workload: `variant` vs `reference` on the same samples (see module docstring).
+
+    target_drop=(lo, hi): pick the tier percentile whose calibrated drop rate falls in that range first.
+    """
+    from .experiments.runner import calibration_profile, run_experiment
+    from .models import load_model
+    loaded = load_model(model) if isinstance(model, str) else model
+    name = model if isinstance(model, str) else None
+    if target_drop is not None:
+        m, tok = loaded
+        profile = calibration_profile(m, tok, "mixed", chunk, plan_knobs.pop("calib_tokens", 8192), seed)
+        p, rate = percentile_for_drop_rate(profile, m, target_drop,
+                                           **{k: v for k, v in plan_knobs.items() if k != "percentile"})
+        plan_knobs["percentile"] = p
+    frames = []
+    for wl in workloads:
+        df = run_experiment(model=loaded, workload=wl, variants=variant, platforms=platform, prompt_len=prompt_len,
+                            chunk=chunk, n_samples=n_samples, seed=seed, out=out, model_name=name, **plan_knobs)
+        frames.append(df[df.repeat == 0])
+    table = pd.concat(frames, ignore_index=True)
+    return table[[c for c in COLUMNS if c in table.columns] + [k for k in plan_knobs if k in table.columns]]
