@@ -254,13 +254,39 @@ class _Accumulator:
             pd.concat(coact, ignore_index=True)
 
 
+def _run_chunks(model, docs, chunk: int, acc: _Accumulator, desc: str) -> None:
+    """Prefill each document chunk by chunk, carrying the KV cache; chunk ids run over all documents."""
+    from .routing import RoutingRecorder
+    device, was_training = next(model.parameters()).device, model.training
+    # transformers v5 names the KV cache `cache`; older releases `past_key_values`
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    bar = progress(total=sum(len(d) for d in docs) // chunk, desc=desc, unit="chunk")
+    chunk_id = 0
+    model.eval()                     # routing as in inference (no router noise / dropout)
+    try:
+        with RoutingRecorder(model) as rec:
+            for doc in docs:
+                past = None          # a new document starts with an empty cache
+                for start in range(0, len(doc), chunk):
+                    ids = torch.tensor([doc[start:start + chunk]], device=device)
+                    out = model(input_ids=ids, use_cache=True, **{cache_arg: past})
+                    past = getattr(out, cache_arg)
+                    for r in rec.records:
+                        acc.add(r, chunk_id)
+                    rec.records.clear()
+                    chunk_id += 1
+                    bar.update(1)
+    finally:
+        bar.close()
+        model.train(was_training)
+
+
 @torch.no_grad()
 def calibrate(model, tokenizer, workload: str = "mixed", chunk: int = 512, tokens: int = 16384, seed: int = 0,
               out=None, text=None) -> CalibrationProfile:
     """Calibration profile of `model` over `tokens` tokens of `workload` (a workload name, a domain name, or
     "mixed" = all bundled calib texts), in prefill chunks of `chunk`; saved to `out` when given."""
     from .models import describe, model_fingerprint
-    from .routing import RoutingRecorder
     if not isinstance(chunk, int) or chunk < 1:
         raise NpuMoeError(f"chunk must be an int >= 1, got {chunk!r}")
     ctx = model_context(model, tokenizer)
@@ -280,32 +306,13 @@ def calibrate(model, tokenizer, workload: str = "mixed", chunk: int = 512, token
     if n_tokens < budget:
         warnings.warn(f"calibration text gave {n_tokens} tokens of the {tokens} asked for; using {n_tokens}")
     specs = describe(model)
-    acc, chunk_id = _Accumulator(specs, n_tokens // chunk), 0
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()                     # routing as in inference (no router noise / dropout)
-    bar = progress(total=n_tokens // chunk, desc=f"calibrate {workload}", unit="chunk")
-    # transformers v5 names the KV cache `cache`; older releases `past_key_values`
-    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    with RoutingRecorder(model) as rec:
-        for doc in used:
-            past = None
-            for start in range(0, len(doc), chunk):
-                ids = torch.tensor([doc[start:start + chunk]], device=device)
-                out_ = model(input_ids=ids, use_cache=True, **{cache_arg: past})
-                past = getattr(out_, cache_arg)
-                for r in rec.records:
-                    acc.add(r, chunk_id)
-                rec.records.clear()
-                chunk_id += 1
-                bar.update(1)
-    bar.close()
-    model.train(was_training)
+    acc = _Accumulator(specs, n_tokens // chunk)
+    _run_chunks(model, used, chunk, acc, f"calibrate {workload}")
     counts, stats, coact = acc.frames()
     meta = {"model_fingerprint": model_fingerprint(model),
             "model": str(getattr(model.config, "_name_or_path", "") or type(model).__name__),
             "workload": workload if text is None else "text", "chunk": chunk, "n_tokens": n_tokens,
-            "requested_tokens": tokens, "n_chunks": chunk_id, "n_documents": len(used), "context": ctx,
+            "requested_tokens": tokens, "n_chunks": n_tokens // chunk, "n_documents": len(used), "context": ctx,
             "seed": seed, "layers": [dict(vars(s)) for s in specs], **provenance(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     profile = CalibrationProfile(counts, stats, meta, coact)

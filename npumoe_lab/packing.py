@@ -80,6 +80,7 @@ class Dispatch:
     slot: torch.Tensor        # [S] row of the packed buffer, or -1 when dropped
     src_token: torch.Tensor   # [R] token feeding each packed row; R = layout.total_rows, -1 for padding
     weight: torch.Tensor      # [S] routing weight used in the scatter (0 for dropped, renormalised if asked)
+    k_order: torch.Tensor | None = None   # [T, K] each token's k positions in ascending expert id
 
     @property
     def kept(self) -> torch.Tensor:
@@ -146,7 +147,8 @@ def plan_dispatch(top_k_index: torch.Tensor, top_k_weights: torch.Tensor, layout
     weight = weight.masked_fill(dropped, 0)
     if active is not None and renormalize:
         weight = weight.masked_fill(~active.reshape(-1), 0)
-    return Dispatch(T, K, load, slot, src_token, weight), layout
+    k_order = torch.sort(top_k_index, dim=1, stable=True).indices
+    return Dispatch(T, K, load, slot, src_token, weight, k_order), layout
 
 
 def pack(hidden: torch.Tensor, dispatch: Dispatch, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -164,12 +166,24 @@ def scatter(expert_out: torch.Tensor, dispatch: Dispatch) -> torch.Tensor:
     """[R, H] expert outputs -> [T, H]: weighted sum over each token's kept assignments (deterministic
     reshape-and-sum over k)."""
     R, H = expert_out.shape
+    T, K = dispatch.n_tokens, dispatch.top_k
     slot = torch.where(dispatch.slot >= 0, dispatch.slot, R)
+    weight = dispatch.weight
     ext = torch.cat([expert_out, expert_out.new_zeros(1, H)], 0)
-    # weight in the routing dtype, then round each weighted row to the activation dtype before the sum over k,
-    # as HF's eager experts do (index_add_ into a bf16 buffer): bf16 results then match HF's rounding
-    rows = (ext.index_select(0, slot) * dispatch.weight.unsqueeze(-1)).to(expert_out.dtype)
-    return rows.view(dispatch.n_tokens, dispatch.top_k, H).sum(1)
+    if expert_out.dtype in (torch.float32, torch.float64) or dispatch.k_order is None:
+        rows = ext.index_select(0, slot) * weight.unsqueeze(-1)
+        return rows.view(T, K, H).sum(1).to(expert_out.dtype)
+    # Reduced precision: add each token's weighted rows one by one in ascending expert id, rounding to the
+    # activation dtype after each add - exactly what HF's eager experts do (index_add_ per expert into a bf16
+    # buffer). A single fp32 sum is more accurate, but differs by a rounding that can flip later routing.
+    order = dispatch.k_order
+    slot = slot.view(T, K).gather(1, order).reshape(-1)
+    weight = weight.view(T, K).gather(1, order).reshape(-1)
+    rows = (ext.index_select(0, slot) * weight.unsqueeze(-1)).to(expert_out.dtype).view(T, K, H)
+    out = rows[:, 0]
+    for k in range(1, K):
+        out = out + rows[:, k]
+    return out
 
 
 def group_ffn(x: torch.Tensor, w: ExpertWeights) -> torch.Tensor:

@@ -73,7 +73,7 @@ def test_variants(profile):
     kw = build_plan(profile, SPECS).build_kwargs()
     base = variant_plan(profile, "npumoe-base", SPECS, **kw)
     lp = base.layers[0]
-    assert lp["tier_capacities"] == [32]                  # 512 * 2 / 64 + 16, aligned to 8
+    assert len(lp["tier_capacities"]) == 1                # one capacity for every expert (uniform)
     assert all(len(g["experts"]) == 1 and g["resident"] for g in lp["groups"])
     naive = variant_plan(profile, "naive-npu", SPECS, **kw).layers[0]
     assert naive["capacity"] == [max(8, -(-int(m) // 8) * 8) for m in profile.count_matrix(0).max(axis=1)]
@@ -86,6 +86,11 @@ def test_variants(profile):
     assert 0 < sum(g["resident"] for g in full["groups"]) < len(full["groups"])
     with pytest.raises(NpuMoeError, match="without a plan"):
         variant_plan(profile, "anemll", SPECS)
+
+
+def test_uniform_rule(profile):
+    lp = build_plan(profile, SPECS, capacity_rule="uniform", uniform_slack=16).layers[0]
+    assert lp["tier_capacities"] == [32]                  # prototype rule 512 * 2 / 64 + 16, aligned to 8
 
 
 def test_cost_residency_and_budget(profile):
@@ -153,3 +158,34 @@ def test_cli(profile, tmp_path, capsys):
     args = cli.build_parser(["calibrate"]).parse_args(
         ["calibrate", "--model", "tiny", "--workload", "mixed", "--chunk", "512", "--tokens", "4096", "--out", "d"])
     assert (args.chunk, args.tokens, args.workload) == (512, 4096, "mixed")
+
+
+def test_cli_end_to_end(tmp_path, capsys):
+    """calibrate -> plan -> plan --show through the console script, on a saved tiny model with a word tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    try:
+        from tests.model_zoo import tiny_model
+    except ImportError:
+        from model_zoo import tiny_model
+    from npumoe_lab.train.corpora import bundled_text
+    words = pd.Series(bundled_text("drama", "calib").split()).value_counts().index[:124]
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{w: i + 4 for i, w in enumerate(words)}}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    model_dir = tmp_path / "model"
+    PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                            pad_token="<pad>", model_max_length=64).save_pretrained(model_dir)
+    tiny_model("qwen3_moe", max_position_embeddings=64).save_pretrained(model_dir)
+    prof, plan = tmp_path / "prof", tmp_path / "plan.json"
+    assert cli.main(["calibrate", "--model", str(model_dir), "--workload", "drama", "--chunk", "16", "--tokens",
+                     "64", "--out", str(prof)]) == 0
+    assert CalibrationProfile.load(prof).meta["n_chunks"] == 4
+    assert cli.main(["plan", "--profile", str(prof), "--model", str(model_dir), "--tiers", "2", "--group-size", "2",
+                     "--align", "1", "--min-capacity", "1", "--platform", "none", "--out", str(plan)]) == 0
+    capsys.readouterr()
+    assert cli.main(["plan", "--show", str(plan)]) == 0
+    assert Plan.load(plan).hash[:12] in capsys.readouterr().out
+    assert cli.main(["calibrate", "--model", str(model_dir), "--chunk", "128", "--tokens", "256",
+                     "--out", str(tmp_path / "x")]) == 2
+    assert "chunk 128 is larger than the model context of 64" in capsys.readouterr().err
