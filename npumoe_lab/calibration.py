@@ -10,6 +10,7 @@ rounded down to whole chunks (or less if the text runs out; `meta["n_tokens"]` s
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import math
 import random
@@ -121,6 +122,8 @@ class CalibrationProfile:
 
     def hot_set_jaccard(self, other: "CalibrationProfile", k: int) -> pd.Series:
         """Per common layer: Jaccard similarity of the top-k hottest experts here and in `other`."""
+        if not isinstance(k, int) or k < 1:
+            raise NpuMoeError(f"k must be an int >= 1 (the number of hot experts to compare), got {k!r}")
         common = sorted(set(self.layers) & set(other.layers))
         if not common:
             raise NpuMoeError("the two profiles share no layer; compare profiles of the same model")
@@ -177,20 +180,20 @@ def model_context(model, tokenizer=None) -> int | None:
 
 def _text_documents(tokenizer, texts: dict, doc_len: int, chunk: int, seed: int) -> list[list[int]]:
     from .workloads.base import bos_id, encode
-    bos = bos_id(tokenizer)
-    docs = []
-    for name, text in texts.items():
+    bos, rng, per_source = bos_id(tokenizer), random.Random(seed), []
+    body = doc_len - len(bos)
+    for text in texts.values():
         toks = encode(tokenizer, text) if text else []
-        body = doc_len - len(bos)
-        for start in range(0, len(toks), body):
-            doc = bos + toks[start:start + body]
-            docs.append(doc[:len(doc) // chunk * chunk])
-    docs = [d for d in docs if d]
+        docs = [bos + toks[i:i + body] for i in range(0, len(toks), body)]
+        docs = [d[:len(d) // chunk * chunk] for d in docs if len(d) >= chunk]
+        rng.shuffle(docs)
+        per_source.append(docs)
+    # round-robin over the sources so that any token budget covers all of them evenly
+    docs = [d for group in itertools.zip_longest(*per_source) for d in group if d is not None]
     if not docs:
         sizes = {k: len(v or "") for k, v in texts.items()}
         raise NpuMoeError(f"the calibration text is empty or shorter than one chunk of {chunk} tokens "
                           f"(characters per source: {sizes}); pass more text or a smaller chunk")
-    random.Random(seed).shuffle(docs)   # mix domains so a token budget covers all of them
     return docs
 
 
@@ -208,7 +211,10 @@ def calibration_documents(tokenizer, workload: str, chunk: int, doc_len: int, to
         from .train.corpora import bundled_text
         names = DOMAINS if workload == "mixed" else (workload,)
         return _text_documents(tokenizer, {d: bundled_text(d, "calib") for d in names}, doc_len, chunk, seed)
-    from .workloads import get_workload
+    from .workloads import get_workload, list_workloads
+    if workload not in list_workloads():
+        raise NpuMoeError(f"unknown calibration workload {workload!r}; use 'mixed', a domain "
+                          f"({', '.join(DOMAINS)}) or a workload ({', '.join(list_workloads())})")
     wl = get_workload(workload)
     prompt_len = min(doc_len - (wl.max_new_tokens + chunk - 1) // chunk * chunk, tokens // chunk * chunk)
     if prompt_len < chunk:

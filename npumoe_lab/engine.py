@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import NpuMoeError
-from .packing import GroupSlice, Layout, dropless_layout, group_ffn, pack, plan_dispatch, scatter
+from .packing import (GroupSlice, Layout, Workspace, dropless_layout, group_ffn, group_ffn_into, pack,
+                      plan_dispatch, run_groups, scatter)
 
 COLD_MODES = ("dynamic", "static")
 
@@ -74,6 +75,7 @@ class PlanExecutor:
         if missing:
             raise NpuMoeError(f"the plan has no entry for MoE layers {missing}: it was built for another model")
         self._static = {}  # layer -> (Layout, cold expert mask, stacked weights per group)
+        self._work = Workspace()  # packed/out/gather buffers reused across calls and layers (no page faults)
 
     # -- static part, built once per layer: the "compiled graphs" -----------------------------------------
     def _compiled(self, handle):
@@ -102,7 +104,8 @@ class PlanExecutor:
         from .saliency import saliency_scores
         clock, layer, K = self.clock, handle.layer, top_k_index.shape[1]
         layout, cold, gweights = self._compiled(handle)
-        if bool(torch.isnan(hidden).any()):
+        # one reduction pass; the exact (slower) NaN test only when the sum is not finite
+        if not bool(torch.isfinite(hidden.sum())) and bool(torch.isnan(hidden).any()):
             raise NpuMoeError(f"NaN in the hidden states entering MoE layer {layer} at prefill chunk {clock.chunk}; "
                               "check the model weights/dtype (fp16 overflow?) and the input")
         active = torch.ones_like(top_k_index, dtype=torch.bool)
@@ -118,16 +121,20 @@ class PlanExecutor:
             return plan_dispatch(top_k_index, _masked(top_k_weights, static_assign), layout, scores=scores,
                                  renormalize=self.renormalize, active=static_assign)[0]
         dispatch, ev_pack = clock.op("dispatch", "cpu", layer, ("sort", top_k_index.numel()), route)
+        R, H, work = layout.total_rows, hidden.shape[1], self._work
         packed, ev_pack = clock.op("pack", "cpu", layer, ("pack", layout.total_rows, hidden), pack, hidden,
-                                   dispatch, deps=(ev_pack,))
-        out = torch.empty_like(packed)
+                                   dispatch, work.get("packed", (R, H), hidden.dtype, hidden.device),
+                                   deps=(ev_pack,))
+        out = work.get("out", (R, H), hidden.dtype, hidden.device)
         group_events = []
         for gs, w in zip(layout.groups, gweights):
-            x = packed[gs.start:gs.start + gs.rows].view(len(gs.experts), gs.capacity, -1)
+            G = len(gs.experts)
+            x = packed[gs.start:gs.start + gs.rows].view(G, gs.capacity, H)
+            y = out[gs.start:gs.start + gs.rows].view(G, gs.capacity, H)   # each group writes its rows in place
+            h = work.get("h", (G, gs.capacity, w.gate_up.shape[-1]), w.gate_up.dtype, hidden.device)
             role = "npu" if gs.resident else "cpu"
-            y, ev = clock.op(f"group{gs.group_id}", role, layer, ("ffn", gs, w), _run_group, x, w,
+            _, ev = clock.op(f"group{gs.group_id}", role, layer, ("ffn", gs, w), _run_group, x, w, y, h,
                              deps=(ev_pack,))
-            out[gs.start:gs.start + gs.rows] = y.reshape(gs.rows, -1)
             group_events.append(ev)
             stats.npu_calls += int(gs.resident)
         stats.slots, stats.padded = layout.total_rows, dispatch.n_padded
@@ -145,6 +152,7 @@ class PlanExecutor:
         stats.spilled = n_over if self.spill else 0
         stats.dropped = n_over - stats.spilled
         y, _ = clock.op("scatter", "cpu", layer, ("scatter", dispatch), _combine, out, dispatch, parts,
+                        work.get("gather", (dispatch.slot.numel(), H), hidden.dtype, hidden.device),
                         deps=tuple(group_events) or (ev_pack,))
         clock.layer_stats(layer, stats)
         return y.to(hidden.dtype)
@@ -168,25 +176,24 @@ def _masked(weights, mask):
     return weights * mask.to(weights.dtype)
 
 
-def _run_group(x, w):
+def _run_group(x, w, out=None, h=None):
+    """One static group; with `out` ([G, C, H] slice of the packed output) the result is written in place."""
     if w.gate_up.dtype != x.dtype:    # the NPU computes in its own precision (fp16 on the ANE)
-        return group_ffn(x.to(w.gate_up.dtype), w).to(x.dtype)
-    return group_ffn(x, w)
+        y = group_ffn(x.to(w.gate_up.dtype), w).to(x.dtype)
+        return y if out is None else out.copy_(y)
+    if out is None:
+        return group_ffn(x, w)
+    return group_ffn_into(x, w, out, h)
 
 
 def _dynamic_experts(weights, hidden, top_k_index, top_k_weights, mask, renormalize):
     """Assignments in `mask`, each expert at its actual load (CPU: dynamic shapes are fine)."""
     dispatch, layout = plan_dispatch(top_k_index, _masked(top_k_weights, mask), None, active=mask)
-    packed = pack(hidden, dispatch)
-    out = torch.empty_like(packed)
-    for g in layout.groups:
-        x = packed[g.start:g.start + g.rows].view(1, g.capacity, -1)
-        out[g.start:g.start + g.rows] = group_ffn(x, weights.select(g.experts))[0]
-    return scatter(out, dispatch)
+    return scatter(run_groups(pack(hidden, dispatch), layout, weights), dispatch)
 
 
-def _combine(out, dispatch, parts):
-    y = scatter(out, dispatch)
+def _combine(out, dispatch, parts, work=None):
+    y = scatter(out, dispatch, work)
     for p in parts:
         y = y + p
     return y

@@ -152,38 +152,57 @@ def plan_dispatch(top_k_index: torch.Tensor, top_k_weights: torch.Tensor, layout
 
 
 def pack(hidden: torch.Tensor, dispatch: Dispatch, out: torch.Tensor | None = None) -> torch.Tensor:
-    """[T, H] -> [R, H] packed buffer; padded rows are zero. One gather from hidden plus a zero row."""
+    """[T, H] -> [R, H] packed buffer; padded rows are zero. One gather (into `out`, e.g. a reused buffer) and
+    the padded rows zeroed in place: no copy of the whole hidden states with an appended zero row."""
     T, H = hidden.shape
     src = dispatch.src_token
-    src = torch.where(src >= 0, src, T)           # padding reads the appended zero row
-    ext = torch.cat([hidden, hidden.new_zeros(1, H)], 0)
     if out is None:
-        return ext.index_select(0, src)
-    return torch.index_select(ext, 0, src, out=out)
+        out = hidden.new_empty(src.numel(), H)
+    if T == 0:
+        return out.zero_()
+    torch.index_select(hidden, 0, src.clamp_min(0), out=out)    # padded rows read token 0 ...
+    pad_rows = torch.nonzero(src < 0).flatten()
+    if pad_rows.numel():
+        out.index_fill_(0, pad_rows, 0)                          # ... and are zeroed here
+    return out
 
 
-def scatter(expert_out: torch.Tensor, dispatch: Dispatch) -> torch.Tensor:
-    """[R, H] expert outputs -> [T, H]: weighted sum over each token's kept assignments (deterministic
-    reshape-and-sum over k)."""
+def scatter(expert_out: torch.Tensor, dispatch: Dispatch, work: torch.Tensor | None = None) -> torch.Tensor:
+    """[R, H] expert outputs -> [T, H]: weighted sum over each token's kept assignments, deterministic, in the
+    promoted dtype of outputs and weights (like HF). `work`: optional reusable [S, H] gather buffer.
+
+    One gather of the S = T*K assignment rows, then one batched [1, K] x [K, H] product per token (the GEMM
+    accumulates in fp32 and rounds once; a multiply-then-sum pass would write and re-read [S, H] again)."""
     R, H = expert_out.shape
     T, K = dispatch.n_tokens, dispatch.top_k
-    slot = torch.where(dispatch.slot >= 0, dispatch.slot, R)
-    weight = dispatch.weight
-    ext = torch.cat([expert_out, expert_out.new_zeros(1, H)], 0)
-    if expert_out.dtype in (torch.float32, torch.float64) or dispatch.k_order is None:
-        rows = ext.index_select(0, slot) * weight.unsqueeze(-1)
-        return rows.view(T, K, H).sum(1).to(expert_out.dtype)
-    # Reduced precision: add each token's weighted rows one by one in ascending expert id, rounding to the
-    # activation dtype after each add - exactly what HF's eager experts do (index_add_ per expert into a bf16
-    # buffer). A single fp32 sum is more accurate, but differs by a rounding that can flip later routing.
-    order = dispatch.k_order
-    slot = slot.view(T, K).gather(1, order).reshape(-1)
-    weight = weight.view(T, K).gather(1, order).reshape(-1)
-    rows = (ext.index_select(0, slot) * weight.unsqueeze(-1)).to(expert_out.dtype).view(T, K, H)
-    out = rows[:, 0]
-    for k in range(1, K):
-        out = out + rows[:, k]
-    return out
+    dtype = torch.promote_types(expert_out.dtype, dispatch.weight.dtype)
+    if R == 0 or T == 0:                     # nothing was packed: every assignment was dropped
+        return expert_out.new_zeros(T, H, dtype=dtype)
+    rows = torch.index_select(expert_out, 0, dispatch.slot.clamp_min(0), out=work)
+    dropped = torch.nonzero(dispatch.slot < 0).flatten()
+    if dropped.numel():                      # dropped assignments read row 0 (maybe padding): zero them, as
+        rows.index_fill_(0, dropped, 0)      # 0 * (garbage/NaN padding) would not be 0
+    rows = rows.view(T, K, H)
+    w = dispatch.weight.view(T, 1, K).to(dtype)
+    return torch.bmm(w, rows.to(dtype)).view(T, H)
+
+
+class Workspace:
+    """Grow-only scratch buffers reused across calls. Large CPU allocations are fresh mmap'd pages, zero-filled by
+    page faults on every call; reusing them removes that cost. Contents of a returned view are undefined."""
+
+    def __init__(self):
+        self._bufs: dict = {}
+
+    def get(self, name: str, shape, dtype, device=None) -> torch.Tensor:
+        n = 1
+        for d in shape:
+            n *= int(d)
+        key = (name, dtype, str(device or "cpu"))
+        buf = self._bufs.get(key)
+        if buf is None or buf.numel() < n:
+            buf = self._bufs[key] = torch.empty(n, dtype=dtype, device=device)
+        return buf[:n].view(tuple(shape))
 
 
 def group_ffn(x: torch.Tensor, w: ExpertWeights) -> torch.Tensor:
@@ -195,6 +214,32 @@ def group_ffn(x: torch.Tensor, w: ExpertWeights) -> torch.Tensor:
     if w.b_down is not None:
         y = y + w.b_down.unsqueeze(1)
     return y
+
+
+def _is_hf_swiglu(w: ExpertWeights) -> bool:
+    """True when w.apply_gate is HF's default `act_fn(gate) * up` on concatenated gate|up with SiLU."""
+    from transformers.integrations.moe import _default_apply_gate
+    owner = getattr(w.apply_gate, "__self__", None)
+    return (getattr(w.apply_gate, "__func__", None) is _default_apply_gate and w.concatenated
+            and type(getattr(owner, "act_fn", None)).__name__ in ("SiLUActivation", "SiLU"))
+
+
+def group_ffn_into(x: torch.Tensor, w: ExpertWeights, out: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
+    """group_ffn writing into `out` [G, C, H] (e.g. a slice of the packed output buffer: no copy afterwards);
+    `h`: optional reusable [G, C, 2I] buffer. HF's SiLU gate runs in place on h's gate half (same bits as
+    `silu(gate) * up`, without two [G, C, I] temporaries); other gates use the family's own function."""
+    h = torch.bmm(x, w.gate_up, out=h)
+    if w.b_gate_up is not None:
+        h += w.b_gate_up.unsqueeze(1)
+    if _is_hf_swiglu(w):
+        i = h.shape[-1] // 2
+        a = torch.nn.functional.silu(h[..., :i], inplace=True).mul_(h[..., i:])   # strided view, no copy
+    else:
+        a = w.apply_gate(h)
+    torch.bmm(a, w.down, out=out)
+    if w.b_down is not None:
+        out += w.b_down.unsqueeze(1)
+    return out
 
 
 def run_groups(packed: torch.Tensor, layout: Layout, weights: ExpertWeights, group_weights=None,
@@ -209,8 +254,13 @@ def run_groups(packed: torch.Tensor, layout: Layout, weights: ExpertWeights, gro
     for i, g in enumerate(layout.groups):
         x = packed[g.start:g.start + g.rows].view(len(g.experts), g.capacity, H)
         w = group_weights[i] if group_weights is not None else weights.select(g.experts)
-        y = run(g, x, w) if run is not None else group_ffn(x, w)
-        out[g.start:g.start + g.rows] = y.reshape(g.rows, H)
+        y_slice = out[g.start:g.start + g.rows].view(len(g.experts), g.capacity, H)
+        if run is not None:
+            y_slice.copy_(run(g, x, w))
+        elif w.gate_up.dtype == x.dtype:
+            group_ffn_into(x, w, y_slice)        # written in place: no per-group output copy
+        else:
+            y_slice.copy_(group_ffn(x, w))
     return out
 
 

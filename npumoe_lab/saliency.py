@@ -30,7 +30,7 @@ def check_rule(rule: str) -> str:
     return rule
 
 
-def _as_float(x, name: str) -> torch.Tensor:
+def _as_float(x) -> torch.Tensor:
     t = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
     if not t.is_floating_point():
         t = t.float()
@@ -42,14 +42,14 @@ def saliency_scores(rule: str, topk_weight, hidden_norm=None, seed: int = 0) -> 
     (needed by the norm-based rules). The default `weight_x_norm` is OUR reading of the paper's "activation-based"
     saliency, which the paper does not fully specify (see the module docstring)."""
     check_rule(rule)
-    w = _as_float(topk_weight, "topk_weight")
+    w = _as_float(topk_weight)
     if w.ndim != 2:
         raise NpuMoeError(f"topk_weight must be [T, K], got shape {tuple(w.shape)}; pass one layer's routing")
     T, K = w.shape
     if rule in ("activation_norm", "weight_x_norm"):
         if hidden_norm is None:
             raise NpuMoeError(f"saliency rule {rule!r} needs hidden_norm [T]; pass the routing record's hidden_norm")
-        n = _as_float(hidden_norm, "hidden_norm").reshape(-1)
+        n = _as_float(hidden_norm).reshape(-1)
         if n.shape[0] != T:
             raise NpuMoeError(f"hidden_norm has {n.shape[0]} tokens but topk_weight has {T}; pass the same tokens")
         n = n.to(w.device)

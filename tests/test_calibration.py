@@ -139,3 +139,15 @@ def test_reports_against_plain_formulas():
     # top-2 layer 0: {0, 1} vs {2, 1} -> 1/3; layer 1 all tied -> lowest ids {0, 1} both -> 1
     assert j.loc[0] == pytest.approx(1 / 3) and j.loc[1] == 1.0
     assert p.count_matrix(0)[0].tolist() == [25, 25]
+
+
+def test_documents_round_robin_over_sources():
+    from npumoe_lab.calibration import calibration_documents
+    tok = CharTokenizer()
+    docs = calibration_documents(tok, "mixed", 16, 32, 10**6, text={"a": "a" * 100, "b": "b" * 60})
+    # a: [bos]+31 chars x3 (the 7-char tail is under one chunk: dropped); b: [bos]+31, then [bos]+29 cut to 16
+    srcs = ["a" if d[1] == tok.encode("a")[0] else "b" for d in docs]
+    assert srcs == ["a", "b", "a", "b", "a"] and sorted(map(len, docs)) == [16, 32, 32, 32, 32]
+    assert all(len(d) % 16 == 0 and d[0] == 1 for d in docs)
+    with pytest.raises(NpuMoeError, match="unknown calibration workload 'novels'; use 'mixed'"):
+        calibration_documents(tok, "novels", 16, 32, 64)

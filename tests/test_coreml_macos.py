@@ -38,6 +38,8 @@ def test_predict_group_matches_expert_path(group):
         x = np.random.default_rng(cap).standard_normal((3, cap, 64)).astype(np.float16).astype(np.float32)
         out, wall = dev.run(h, {"x": to_layout(x, "conv")})
         assert wall > 0 and rel_err(from_layout(out["y"], "conv", 3), workbench_group_ffn(x, w)) < 1e-2
+        y, _ = dev.run_group(h, x, "conv")
+        assert rel_err(y, workbench_group_ffn(x, w)) < 1e-2
 
 
 def test_predict_attention_two_chunks_matches_hf(tmp_path):

@@ -117,6 +117,10 @@ def test_group_specs_from_plan():
         (0, 0, (0, 3, 5), (16,)), (0, 1, (1, 2), (8,)), (1, 0, (0, 3, 5), (16,)), (1, 1, (1, 2), (8,))]
     tiers = group_specs(plan.to_dict(), all_tiers=True, weights=weights)  # the JSON dict works too
     assert tiers[0].capacities == (16, 8) and tiers[1].capacities == (8,)
+    other = plan.to_dict()
+    other["layers"][1]["hidden"] = 128
+    with pytest.raises(NpuMoeError, match="plan layer 1 is for hidden 128 / intermediate 32 but the model has 64 / 32"):
+        group_specs(other, weights=weights)
 
 
 def test_group_over_graph_limit_names_group_and_excess():

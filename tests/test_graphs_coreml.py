@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from npumoe_lab.devices.coreml import function_io
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.graphs import AttentionGraphSpec, GraphCache, GroupGraphSpec, Limits, build_graphs
 from npumoe_lab.graphs.coreml import CoreMLOptions, build_attention_package, build_group_package, require_coremltools
@@ -73,6 +74,10 @@ def test_attention_package_state_carries_between_chunks(tmp_path):
     filled = {n: np.full((1, 2, 32, 16), 0.5, np.float32) for n in ("k_cache", "v_cache")}
     y0, y1 = run_function(prog, "chunk8", feed, zero)["y"], run_function(prog, "chunk8", feed, filled)["y"]
     assert np.abs(y0 - y1).max() > 1e-3 and zero["k_cache"][0, :, 8:16].any()  # and the chunk wrote slots 8..15
+    spec_pb = ct.models.MLModel(str(path), skip_model_load=True).get_spec()  # what the Mac device loads by
+    assert function_io(spec_pb, "chunk8") == (["x", "cos", "sin", "mask", "write"], ["k_cache", "v_cache"])
+    with pytest.raises(NpuMoeError, match="no function 'chunk16'"):
+        function_io(spec_pb, "chunk16")
 
 
 def test_census_flags_host_ops_int_outputs_and_infinities():

@@ -42,7 +42,8 @@ def test_cap_to_tier_and_strict():
 
 def test_device_limits_cap_group_size():
     # byte budget 2 experts; packed axis 48: tier 0 (C=40) -> 1, tier 2 (C=8) -> 6
-    assert group_size_limit(8, 8, 8, H, I, graph_limit_bytes=6144) == (2, ["group size 8 capped to 2 by the graph budget"])
+    assert group_size_limit(8, 8, 8, H, I, graph_limit_bytes=6144) == (
+        2, ["group size 8 capped to 2 by the graph budget"])
     assert group_size_limit(8, 8, 40, H, I, max_dim=48)[0] == 1
     assert group_size_limit(8, 8, 8, H, I, max_dim=48)[0] == 6
     assert group_size_limit(8, 8, 8, H, 40000)[0] == 1          # 2 * 40000 > 65536

@@ -1,9 +1,9 @@
 """Plan: built from a profile, validated, hashed, saved/loaded against the model; variants; CLI; bad input."""
 import hashlib
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -15,7 +15,7 @@ from npumoe_lab.plan import Plan, build_plan, variant_plan
 from npumoe_lab.tiers import assign_tiers
 
 torch.set_num_threads(1)
-FIXTURE = __import__("pathlib").Path(__file__).parent / "fixtures" / "skewed_counts.parquet"
+FIXTURE = Path(__file__).parent / "fixtures" / "skewed_counts.parquet"
 SPECS = [SimpleNamespace(layer=l, n_experts=64, top_k=2, hidden=2048, intermediate=768) for l in (0, 1)]
 
 
@@ -55,10 +55,9 @@ def test_save_load_and_tamper(profile, tmp_path):
     back = Plan.load(p)
     assert back.to_dict() == plan.to_dict()
     d = json.loads(p.read_text())
-    d["layers"][0]["capacity"][0] += 8
-    d["layers"][0]["tier_capacities"][0] += 0
+    d["layers"][0]["capacity"][0] += 8          # no longer its tier's capacity
     (tmp_path / "bad.json").write_text(json.dumps(d))
-    with pytest.raises(NpuMoeError):
+    with pytest.raises(NpuMoeError, match="differs from its tier's capacity"):
         Plan.load(tmp_path / "bad.json")
     d = json.loads(p.read_text())
     d["knobs"]["group_size"] = 5

@@ -39,7 +39,8 @@ def sweep_rows():
         rows += [_base("npumoe", r, hot_threshold=h, ttft_s=0.5 + h, energy_per_token_mj=3 - h) for h in (0.1, 0.5)]
         rows += [_base("npumoe-t", r, n_tiers=k, pad_rate=0.4 / k, drop_rate=0.05 * k + 0.01 * r) for k in (1, 2, 3)]
         rows += [_base("npumoe", r, workload="boolq", drop_rate=d, accuracy_delta=-d / 10 - 0.001 * r,
-                       accuracy_ci_low=-d / 10 - 0.01, accuracy_ci_high=-d / 10 + 0.01, score_name="accuracy")
+                       accuracy_ci_low=-d / 10 - 0.01, accuracy_ci_high=-d / 10 + 0.01, score_name="accuracy",
+                       plan_hash=f"plan-drop{d}")
                  for d in (0.0, 0.1, 0.2)]
     return rows
 

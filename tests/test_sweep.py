@@ -61,6 +61,7 @@ def test_resume_after_sigkill_runs_each_cell_exactly_once(tmp_path):
     for cell in out.glob("cells/*"):
         done = json.loads((cell / "DONE.json").read_text())
         assert done["params"]["sleep_s"] == 1.0 and done["duration_s"] > 1.0 and done["finished"]
+        assert done["row_files"] == [p.name for p in cell.glob("rows-*.parquet")]
 
 
 def test_failed_cell_is_kept_others_finish_retry_and_dask_matches_local(tmp_path, capsys):

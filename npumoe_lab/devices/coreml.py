@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import NpuMoeError
-from ..graphs.coreml import require_coremltools
+from ..graphs.coreml import COMPUTE_UNITS, require_coremltools
+from ..graphs.modules import from_layout, to_layout
 
 TIMING_SOURCE = "measured"
-COMPUTE_UNITS = ("CPU_AND_NE", "CPU_ONLY", "CPU_AND_GPU", "ALL")
 
 
 def require_macos(what: str = "running Core ML graphs") -> None:
@@ -28,6 +28,16 @@ def require_macos(what: str = "running Core ML graphs") -> None:
         raise NpuMoeError(f"{what} needs macOS with Core ML (this is {sys.platform}); on this machine you can build "
                           "and validate the packages (`npumoe-lab convert --target coreml`), then copy them to a Mac "
                           "and follow docs/BACKENDS.md, or use the onnxruntime device here")
+
+
+def function_io(spec, function: str) -> tuple[list, list]:
+    """(input names, state names) of one function; a multifunction package lists them per function."""
+    desc = spec.description
+    funcs = {f.name: f for f in desc.functions}
+    if funcs and function not in funcs:
+        raise NpuMoeError(f"the package has no function {function!r}; it has {sorted(funcs)}")
+    fdesc = funcs.get(function, desc)
+    return [i.name for i in fdesc.input], [s.name for s in fdesc.state]
 
 
 @dataclass
@@ -56,9 +66,8 @@ class CoreMLDevice:
         model = self.ct.models.MLModel(str(path), compute_units=getattr(self.ct.ComputeUnit, self.compute_units),
                                        function_name=function)
         load_s = time.perf_counter() - t0
-        names = [i.name for i in model.get_spec().description.input]
-        state = model.make_state() if len(model.get_spec().description.state) else None
-        return CoreMLHandle(Path(path), function, model, names, state, load_s)
+        names, states = function_io(model.get_spec(), function)
+        return CoreMLHandle(Path(path), function, model, names, model.make_state() if states else None, load_s)
 
     def run(self, handle: CoreMLHandle, inputs: dict):
         """inputs {name: array} in the graph's layout -> ({output: float32 array}, measured wall seconds)."""
@@ -67,6 +76,12 @@ class CoreMLDevice:
         out = handle.model.predict(feed, state=handle.state) if handle.state is not None else handle.model.predict(feed)
         wall = time.perf_counter() - t0
         return {k: np.asarray(v, dtype=np.float32) for k, v in out.items()}, wall
+
+    def run_group(self, handle: CoreMLHandle, x, layout: str = "conv"):
+        """A group graph on x [G, C, H] (numpy) -> (y [G, C, H], measured wall seconds); same contract as the
+        onnxruntime device's run."""
+        out, wall = self.run(handle, {"x": to_layout(np.asarray(x, np.float32), layout)})
+        return from_layout(out["y"], layout, x.shape[0]), wall
 
 
 @dataclass

@@ -70,7 +70,7 @@ def _layer_counts(stats):
 
 def run_experiment(model="tiny", workload="ruler-multikey", variants="all", platforms="cpu,m2-max",
                    prompt_len=1024, chunk=256, plan=None, repeats=1, n_samples=4, seed=0, out=None,
-                   calib_workload="mixed", calib_tokens=8192, timeline=False, model_name=None,
+                   calib_workload="mixed", calib_tokens=8192, timeline=False, model_name=None, warmup=1,
                    **plan_knobs) -> pd.DataFrame:
     """Run every (variant, platform) on the workload's samples; returns (and writes to `out`) result rows."""
     from .. import detach
@@ -134,6 +134,8 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
     for plat in plats:
         for v in vlist:
             used = _attach_variant(model_obj, v, specs, profile, plat, plan_knobs, plan)
+            for _ in range(warmup):      # untimed: first calls pay allocator/thread-pool start-up on this host
+                chunked_prefill(model_obj, torch.tensor([samples[0].input_ids]), chunk, pad_token_id=pad_id)
             per_rep = [[] for _ in range(repeats)]
             acc = []
             for i, s in enumerate(samples):

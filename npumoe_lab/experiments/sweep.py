@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import NpuMoeError
-from ..utils import progress, sha256_json
+from ..utils import REPO_ROOT, progress, sha256_json
 from .atomic import write_json
 from .sweep_spec import cell_key, load_spec, read_notebook
 
@@ -107,6 +107,7 @@ def run_cell(task: dict) -> dict:
 
     cell_dir = Path(task["cell_dir"])
     cell_dir.mkdir(parents=True, exist_ok=True)
+    _kernel_env()
     with _cell_lock(cell_dir):
         if (cell_dir / DONE).exists():  # finished by another (orphaned or concurrent) run meanwhile
             return {"status": "skipped"}
@@ -124,7 +125,9 @@ def run_cell(task: dict) -> dict:
                                            "duration_s": time.time() - started, "finished": _iso(time.time())})
             return {"status": "failed", "error": error, "duration_s": time.time() - started}
         duration = time.time() - started
-        write_json(cell_dir / DONE, {**info, "duration_s": duration, "finished": _iso(time.time())})
+        rows = sorted(p.name for p in cell_dir.glob("*.parquet") if not p.name.startswith("."))
+        write_json(cell_dir / DONE, {**info, "duration_s": duration, "finished": _iso(time.time()),
+                                     "row_files": rows})
         return {"status": "done", "duration_s": duration}
 
 
@@ -159,6 +162,13 @@ def _outcome(task: dict, result) -> CellOutcome:
         result = {"status": "failed", "error": error}
     return CellOutcome(task["key"], task["params"], cell_dir, result["status"], result.get("duration_s"),
                        result.get("error"))
+
+
+def _kernel_env() -> None:
+    """Kernels (children of this process) import the same npumoe_lab checkout as the runner, whatever their cwd."""
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(REPO_ROOT) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *paths])
 
 
 def _snapshot_notebook(spec, folder: Path) -> Path:

@@ -13,7 +13,7 @@ from pathlib import Path
 from ..errors import NpuMoeError
 from ..utils import progress, provenance
 from .cache import GraphCache, artifact_key, copy_artifact, weights_digest
-from .spec import AttentionGraphSpec, Limits, _get, canonical, group_specs, plan_chunks, subset
+from .spec import AttentionGraphSpec, Limits, canonical, field_of, group_specs, plan_chunks, subset
 
 TARGETS = ("coreml", "onnx")
 
@@ -108,7 +108,7 @@ def build_graphs(plan, weights: dict, out, *, target: str = "coreml", options=No
             entries.append({"kind": "attention", "layer": layer, "chunks": list(chunks), "context": int(context),
                             "key": key, "cache_hit": hit, "seconds": secs, "path": name, **report})
             copy_artifact(path, out / name)
-    manifest = {"target": target, "plan_hash": _get(plan, "hash"), "options": opt_key, "limits": asdict(limits),
+    manifest = {"target": target, "plan_hash": field_of(plan, "hash"), "options": opt_key, "limits": asdict(limits),
                 "graphs": entries, **provenance()}
     out.mkdir(parents=True, exist_ok=True)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str))

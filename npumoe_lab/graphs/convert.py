@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import NpuMoeError
 from .build import TARGETS, build_graphs, model_parts, violations
-from .spec import Limits
+from .spec import Limits, field_of
 
 
 def load_plan(path):
@@ -26,7 +26,7 @@ def load_plan(path):
 def convert(args) -> int:
     from ..models import load_model
     plan = load_plan(args.plan)
-    platform = args.platform or (plan.get("platform") if isinstance(plan, dict) else getattr(plan, "platform", None))
+    platform = args.platform or field_of(plan, "platform")
     limits = Limits.of(platform) if platform else Limits()
     model, _ = load_model(args.model)
     if hasattr(plan, "check_model"):
@@ -67,7 +67,8 @@ def register_cli(subparsers) -> None:
     p.add_argument("--platform", default=None, help="platform profile for limits (default: the plan's)")
     p.add_argument("--layout", choices=("conv", "bmm"), default="conv", help="Core ML expert layout (default conv)")
     p.add_argument("--compress", choices=("none", "int8", "lut4", "lut6", "lut8"), default="none")
-    p.add_argument("--compute-units", default="CPU_AND_NE", help="stored in the Core ML package (load can override)")
+    p.add_argument("--compute-units", choices=("CPU_AND_NE", "CPU_ONLY", "CPU_AND_GPU", "ALL"), default="CPU_AND_NE",
+                   help="stored in the Core ML package (load can override)")
     p.add_argument("--all-tiers", action="store_true", help="add the layer's smaller tiers as functions of each group")
     p.add_argument("--no-attention", action="store_true", help="only the expert group graphs")
     p.add_argument("--context", type=int, default=2048, help="KV cache length of the attention graphs")

@@ -17,10 +17,11 @@ import numpy as np
 import torch
 
 from ..errors import NpuMoeError
-from .modules import ChunkAttention, GroupFFN, chunk_inputs
+from .modules import LAYOUTS, ChunkAttention, GroupFFN, chunk_inputs
 from .spec import canonical
 
 COMPRESSIONS = (None, "int8", "lut4", "lut6", "lut8")
+COMPUTE_UNITS = ("CPU_AND_NE", "CPU_ONLY", "CPU_AND_GPU", "ALL")
 
 
 def require_coremltools():
@@ -44,6 +45,10 @@ class CoreMLOptions:
     compute_units: str = "CPU_AND_NE"    # stored as the package default; devices/coreml.py can override at load
 
     def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise NpuMoeError(f"unknown layout {self.layout!r}; use one of {LAYOUTS}")
+        if self.compute_units not in COMPUTE_UNITS:
+            raise NpuMoeError(f"unknown compute units {self.compute_units!r}; use one of {COMPUTE_UNITS}")
         if self.compression not in COMPRESSIONS:
             raise NpuMoeError(f"unknown compression {self.compression!r}; use one of {COMPRESSIONS[1:]} or none")
 

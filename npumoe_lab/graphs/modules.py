@@ -132,6 +132,12 @@ class ChunkAttention(nn.Module):
         self.k_norm_w = self._norm(attn, "k_norm")
         self.eps = float(getattr(getattr(attn, "q_norm", None), "variance_epsilon", 1e-6))
         self.eps = max(self.eps, 1e-6)  # fp16-safe epsilon (ANCHORS 3.1)
+        # rotate_half(x) = [-x2, x1] as a matmul with a constant +-1 matrix: no slice/concat copies in the graph
+        d, half = self.head_dim, self.head_dim // 2
+        rot = torch.zeros(d, d)
+        rot[torch.arange(half) + half, torch.arange(half)] = -1.0
+        rot[torch.arange(half), torch.arange(half) + half] = 1.0
+        self.register_buffer("rotate_half", rot)
         if kv == "state":
             shape = (1, self.n_kv, self.context, self.head_dim)
             self.register_buffer("k_cache", torch.zeros(shape, dtype=torch.float16))
@@ -150,9 +156,7 @@ class ChunkAttention(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
 
     def _rope(self, x, cos, sin):
-        half = self.head_dim // 2
-        rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rot * sin
+        return x * cos + torch.matmul(x, self.rotate_half) * sin
 
     # shapes come from python ints and -1 only: a traced x.shape becomes an 'int' op coremltools cannot convert
     def _heads(self, y, n):  # [1, S, n*D] -> [1, n, S, D]

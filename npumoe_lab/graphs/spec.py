@@ -85,7 +85,7 @@ def canonical(w):
     return w.w_gate, w.w_up, (w.down if down is None else down), w.b_gate, w.b_up, w.b_down
 
 
-def _get(obj, key, default=None):
+def field_of(obj, key, default=None):
     return obj.get(key, default) if isinstance(obj, dict) else getattr(obj, key, default)
 
 
@@ -96,23 +96,26 @@ def group_specs(plan, *, all_tiers: bool = False, limits: Limits | None = None, 
     activation, biases, and sizes a plan layer lacks. Raises for a group over the graph-size limit."""
     limits, weights = limits or Limits(), weights or {}
     specs = []
-    for layer in _get(plan, "layers", []):
-        lid = int(_get(layer, "layer"))
+    for layer in field_of(plan, "layers", []):
+        lid = int(field_of(layer, "layer"))
         w = weights.get(lid)
-        hidden = _get(layer, "hidden", w.hidden if w is not None else None)
-        inter = _get(layer, "intermediate", w.intermediate if w is not None else None)
+        hidden = field_of(layer, "hidden", w.hidden if w is not None else None)
+        inter = field_of(layer, "intermediate", w.intermediate if w is not None else None)
         act = w.act if w is not None else "swiglu"
         has_bias = w is not None and any(b is not None for b in canonical(w)[3:])
         if hidden is None or inter is None:
             raise NpuMoeError(f"plan layer {lid} has no hidden/intermediate sizes; pass the model (--model) or "
                               "rebuild the plan with this version")
-        tiers = sorted({int(c) for c in (_get(layer, "tier_capacities") or [])}, reverse=True)
-        for grp in _get(layer, "groups", []):
-            if not _get(grp, "resident", False):
+        if w is not None and (int(hidden), int(inter)) != (w.hidden, w.intermediate):
+            raise NpuMoeError(f"plan layer {lid} is for hidden {hidden} / intermediate {inter} but the model has "
+                              f"{w.hidden} / {w.intermediate}; use the plan built for this model")
+        tiers = sorted({int(c) for c in (field_of(layer, "tier_capacities") or [])}, reverse=True)
+        for grp in field_of(layer, "groups", []):
+            if not field_of(grp, "resident", False):
                 continue
-            cap = int(_get(grp, "capacity"))
+            cap = int(field_of(grp, "capacity"))
             caps = [cap] + ([c for c in tiers if c < cap] if all_tiers else [])
-            spec = GroupGraphSpec(int(lid), int(_get(grp, "id")), tuple(int(e) for e in _get(grp, "experts")),
+            spec = GroupGraphSpec(int(lid), int(field_of(grp, "id")), tuple(int(e) for e in field_of(grp, "experts")),
                                   tuple(caps), int(hidden), int(inter), act, has_bias)
             check_group(spec, limits)
             specs.append(spec)
@@ -135,7 +138,7 @@ def check_group(spec: GroupGraphSpec, limits: Limits) -> None:
 
 
 def plan_chunks(plan) -> tuple[int, ...]:
-    chunk = _get(plan, "chunk")
+    chunk = field_of(plan, "chunk")
     chunks = chunk if isinstance(chunk, (list, tuple)) else [chunk]
     if not chunks or any(c is None or int(c) <= 0 for c in chunks):
         raise NpuMoeError(f"plan chunk {chunk!r} is not a positive chunk length; rebuild the plan with --chunk")

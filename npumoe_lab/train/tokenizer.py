@@ -29,7 +29,9 @@ def _iter_texts(chunk_chars: int = 100_000):
         yield fewshot.synthetic_text(rng, 200)
 
 
-def train_tokenizer(out_dir: str | Path, model_max_length: int = 2304, vocab_size: int = VOCAB_SIZE):
+def train_tokenizer(out_dir: str | Path | None, model_max_length: int = 2304, vocab_size: int = VOCAB_SIZE,
+                    texts=None):
+    """Train and (if out_dir) save. texts: an iterable of strings (default: the train splits + task text)."""
     from transformers import PreTrainedTokenizerFast
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
@@ -37,12 +39,12 @@ def train_tokenizer(out_dir: str | Path, model_max_length: int = 2304, vocab_siz
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT, PAD], min_frequency=2,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(_iter_texts(), trainer=trainer)
+    tok.train_from_iterator(_iter_texts() if texts is None else texts, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOT, eos_token=EOT, unk_token=None,
                                    pad_token=PAD, model_max_length=model_max_length)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fast.save_pretrained(out_dir)
+    if out_dir is not None:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        fast.save_pretrained(out_dir)
     return fast
 
 

@@ -1,0 +1,51 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 · Grouped expert execution: group size vs latency, energy and NPU calls
+#
+# Every NPU call pays dispatch + sync (PAPER.md §1, §3.3). Grouping same-tier experts into one static graph
+# replaces G calls by one, at the cost of a larger graph. The sweep runs `npumoe-tg` (tiers + groups,
+# everything resident) for each group size; group size 1 is `npumoe-t`.
+
+# %% tags=["parameters"]
+model = "tiny"
+workload = "ruler-multikey"
+variants = "npumoe-tg"
+group_sizes = [1, 2, 4, 8, 16]
+platforms = "cpu,m2-max"        # measured on this host + modeled on M2 Max
+prompt_len = 1024
+chunk = 256
+n_samples = 2
+repeats = 1
+calib_workload = "mixed"
+calib_tokens = 8192
+seed = 0
+out_dir = None
+
+# %%
+# %matplotlib inline
+from npumoe_lab.experiments import demo
+from npumoe_lab.plots import plot_grouping
+
+m = demo.load(model)
+df = demo.run_knob_sweep(m, "group_size", group_sizes, model_name=demo.model_label(model), workload=workload,
+                         variants=variants, platforms=platforms, prompt_len=prompt_len, chunk=chunk,
+                         n_samples=n_samples, repeats=repeats, calib_workload=calib_workload,
+                         calib_tokens=calib_tokens, seed=seed)
+demo.maybe_write(df, out_dir)
+df[["variant", "platform", "timing_source", "group_size", "ttft_s", "energy_per_token_mj", "n_npu_calls",
+    "cpu_cycles", "drop_rate", "pad_rate"]]
+
+# %%
+plot_grouping(df)

@@ -1,0 +1,52 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 · Load-aware residency: the hot threshold
+#
+# Cold experts receive few tokens per chunk: running them as padded static NPU graphs wastes dispatches and
+# slots, so NPUMoE keeps only hot groups resident on the NPU and runs cold experts on the CPU (PAPER.md §3.4).
+# `hot_threshold` = expected kept tokens per chunk a group needs to stay resident: 0 puts every group on the
+# NPU, a huge value every expert on the CPU. The sweep runs the full `npumoe` variant per threshold.
+
+# %% tags=["parameters"]
+model = "tiny"
+workload = "ruler-multikey"
+variants = "npumoe"
+hot_thresholds = [0.0, 16.0, 64.0, 256.0, 1e9]   # expected tokens per chunk of a group
+platforms = "cpu,m2-max"
+prompt_len = 1024
+chunk = 256
+n_samples = 2
+repeats = 1
+calib_workload = "mixed"
+calib_tokens = 8192
+seed = 0
+out_dir = None
+
+# %%
+# %matplotlib inline
+from npumoe_lab.experiments import demo
+from npumoe_lab.plots import plot_residency
+
+m = demo.load(model)
+df = demo.run_knob_sweep(m, "hot_threshold", hot_thresholds, model_name=demo.model_label(model),
+                         workload=workload, variants=variants, platforms=platforms, prompt_len=prompt_len,
+                         chunk=chunk, n_samples=n_samples, repeats=repeats, calib_workload=calib_workload,
+                         calib_tokens=calib_tokens, seed=seed)
+demo.maybe_write(df, out_dir)
+df[["variant", "platform", "timing_source", "hot_threshold", "ttft_s", "energy_per_token_mj", "n_npu_calls",
+    "cpu_cycles", "drop_rate"]]
+
+# %%
+plot_residency(df)

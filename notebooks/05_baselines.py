@@ -1,0 +1,59 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 · Baselines and ablation: the paper's main figure
+#
+# TTFT, energy per token and CPU cycles of NPUMoE against the baselines (PAPER.md §4.4, §5.1-5.5): CPU-only,
+# naive NPU (one static graph per expert), ANEMLL-style (attention on the NPU, experts on the CPU), and the
+# ablation steps npumoe-base -> -t (tiers) -> -tg (+ groups) -> npumoe (+ residency), with the paper's
+# 1.00 / 1.48 / 2.11 / 2.89 TTFT speedups. Timings are **measured** on this host (`cpu`) and **modeled**
+# on the Apple platforms (`m2-max`, ...); each figure panel says which.
+# This is the notebook `make demo` runs once per cell of `sweeps/demo.yaml`.
+
+# %% tags=["parameters"]
+model = "tiny"
+workload = "ruler-multikey"
+variants = "all"                # comma list or "all"
+platforms = "cpu,m2-max"        # measured host + modeled platform(s)
+prompt_len = 1024
+chunk = 256
+n_samples = 4
+repeats = 1
+calib_workload = "mixed"
+calib_tokens = 8192
+seed = 0
+out_dir = None
+
+# %%
+# %matplotlib inline
+from npumoe_lab.experiments import demo
+from npumoe_lab.experiments.runner import ablation_report, run_experiment
+from npumoe_lab.plots import plot_ablation, plot_baselines
+
+df = run_experiment(model=demo.load(model), model_name=demo.model_label(model), workload=workload,
+                    variants=variants, platforms=platforms, prompt_len=prompt_len, chunk=chunk,
+                    n_samples=n_samples, repeats=repeats, calib_workload=calib_workload,
+                    calib_tokens=calib_tokens, seed=seed, out=out_dir)
+df[["variant", "platform", "timing_source", "ttft_s", "energy_per_token_mj", "cpu_cycles", "n_npu_calls",
+    "drop_rate", "pad_rate", "score", "accuracy_delta"]]
+
+# %%
+print(ablation_report(df) or "(no ablation variants in this run)")
+
+# %%
+plot_baselines(df)
+
+# %%
+if df["variant"].isin(["npumoe-base"]).any() and df["variant"].isin(["npumoe-t", "npumoe-tg", "npumoe"]).any():
+    display(plot_ablation(df))  # noqa: F821 (IPython builtin)

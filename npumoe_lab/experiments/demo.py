@@ -1,0 +1,256 @@
+"""`make demo` (`python -m npumoe_lab.experiments.demo --out results/demo`) and the small helpers the notebooks call.
+
+The demo: calibrate the bundled tiny model, build the plans (profile + plan JSON saved in the output folder), run
+the small ablation sweep `sweeps/demo.yaml` (notebook 05_baselines: every variant, measured on this CPU and modeled
+on M2 Max) through `run_sweep`, draw every figure with `make_all_figures`, and write `SUMMARY.md`.
+
+Notebook helpers (kept here so notebooks stay thin): `model_label`, `dropless_parity`, `prefill_rows`,
+`run_knob_sweep`, `calibrate_workloads`, `skew_table`, `hot_set_stability`, `maybe_write`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import NpuMoeError
+from ..utils import REPO_ROOT
+
+DEMO_SWEEP = REPO_ROOT / "sweeps" / "demo.yaml"
+SUMMARY_COLUMNS = ("ttft_s", "energy_per_token_mj", "cpu_cycles", "n_npu_calls", "drop_rate", "score")
+
+
+# -- notebook helpers ------------------------------------------------------------------------------------------
+def model_label(model) -> str:
+    """The name result rows carry for a model argument ("tiny" or a checkpoint path -> its folder name)."""
+    return "tiny" if str(model) == "tiny" else Path(str(model)).name
+
+
+def load(model="tiny"):
+    """(model, tokenizer) with a tokenizer: every notebook needs text in, so a checkpoint without one is an error."""
+    from ..models import load_model
+    m, tok = load_model(model)
+    if tok is None:
+        raise NpuMoeError(f"model {model!r} has no tokenizer files; the notebooks need a checkpoint with a "
+                          "tokenizer (the bundled 'tiny' model has one)")
+    return m, tok
+
+
+def dropless_parity(model, input_ids) -> dict:
+    """Logits of HF's own experts vs the workbench's dropless path on the same ids: max |diff| and top-1 agreement.
+    Leaves the model detached (HF's experts)."""
+    import torch
+
+    from ..experts import attach, detach
+    ids = torch.as_tensor(input_ids).reshape(1, -1)
+    detach(model)
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits.float()
+        attach(model)
+        try:
+            ours = model(input_ids=ids).logits.float()
+        finally:
+            detach(model)
+    return {"max_abs_diff": float((ref - ours).abs().max()),
+            "top1_agree": float((ref.argmax(-1) == ours.argmax(-1)).float().mean()),
+            "allclose": bool(torch.allclose(ref, ours, rtol=1e-4, atol=1e-4))}
+
+
+def prefill_rows(results: dict, model: str, workload: str, variant: str, prompt_len: int, chunk: int,
+                 plan=None) -> pd.DataFrame:
+    """Result rows (the store's schema) from `{platform name: PrefillResult}` of `npumoe_lab.prefill` calls."""
+    from ..devices import get_platform
+    rows = []
+    for plat_name, res in results.items():
+        plat = get_platform(plat_name)
+        s = dict(res.summary)
+        stats = getattr(res, "stats", None) or []
+        routed = sum(st.routed for _, _, st in stats)
+        slots = sum(st.slots for _, _, st in stats)
+        rows.append({"model": model, "workload": workload, "variant": variant, "platform": plat_name,
+                     "prompt_len": prompt_len, "chunk": chunk, "repeat": 0, **s,
+                     "drop_rate": sum(st.dropped for _, _, st in stats) / routed if routed else 0.0,
+                     "pad_rate": sum(st.padded for _, _, st in stats) / slots if slots else 0.0,
+                     "platform_profile": plat.name, "platform_hash": plat.hash, "platform_kind": plat.kind,
+                     "plan_hash": getattr(plan, "hash", None)})
+    return pd.DataFrame(rows)
+
+
+def run_knob_sweep(model, knob: str, values, *, model_name: str | None = None, **run_kwargs) -> pd.DataFrame:
+    """`run_experiment` once per value of one plan knob (tiers, group_size, hot_threshold, percentile, ...);
+    rows are concatenated and carry the knob's value in a column of the knob's name (`n_tiers` for tiers). `model`: a name/path or a
+    loaded (model, tokenizer) tuple (loaded once and reused)."""
+    from .runner import PLAN_KNOBS, run_experiment
+    if knob not in PLAN_KNOBS:
+        raise NpuMoeError(f"{knob!r} is not a plan knob; sweep one of {', '.join(PLAN_KNOBS)}")
+    values = list(values)
+    if not values:
+        raise NpuMoeError(f"no values given for {knob}; pass a non-empty list")
+    if not isinstance(model, tuple):
+        model_name = model_name or model_label(model)
+        model = load(model)
+    frames = []
+    for v in values:
+        df = run_experiment(model=model, model_name=model_name, **{knob: v}, **run_kwargs)
+        col = "n_tiers" if knob == "tiers" else knob   # the store's / plots' name for the number of tiers
+        frames.append(df.drop(columns=[knob], errors="ignore").assign(**{col: v}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def calibrate_workloads(model, tokenizer, workloads, chunk: int, tokens: int, seed: int = 0) -> dict:
+    """{workload or domain name: CalibrationProfile} for each calibration text source."""
+    from ..calibration import calibrate
+    return {w: calibrate(model, tokenizer, workload=w, chunk=chunk, tokens=tokens, seed=seed) for w in workloads}
+
+
+def skew_table(profiles: dict) -> pd.DataFrame:
+    """Per (calibration source, layer): Gini, top-1 share, experts covering 50% and 80% of the assignments."""
+    frames = [p.summary().assign(calibration=name) for name, p in profiles.items()]
+    df = pd.concat(frames, ignore_index=True)
+    return df[["calibration", "layer", "n_experts", "routed", "gini", "top1_share", "experts_50", "experts_80"]]
+
+
+def hot_set_stability(profiles: dict, k: int) -> pd.DataFrame:
+    """Jaccard similarity of the top-k hottest experts, every pair of calibration sources x layer (long form)."""
+    names = list(profiles)
+    if len(names) < 2:
+        raise NpuMoeError("hot-set stability compares calibration sources: pass at least two profiles")
+    rows = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            for layer, j in profiles[a].hot_set_jaccard(profiles[b], k).items():
+                rows.append({"a": a, "b": b, "layer": int(layer), f"jaccard_top{k}": float(j)})
+    return pd.DataFrame(rows)
+
+
+def maybe_write(rows, out_dir, name: str | None = None):
+    """Write result rows with `write_rows` when the notebook's `out_dir` parameter is set; returns the path or None."""
+    if out_dir is None:
+        return None
+    from .store import write_rows
+    return write_rows(rows, out_dir, name=name)
+
+
+# -- the demo ---------------------------------------------------------------------------------------------------
+def kernel_env() -> None:
+    """Papermill kernels must import this checkout's package whatever their working directory."""
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(REPO_ROOT) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *paths])
+
+
+def summary_markdown(df: pd.DataFrame, sources: dict) -> str:
+    """SUMMARY.md: variant x platform table (medians over cells/repeats) + ablation ratios next to the paper's."""
+    from ..variants import ABLATION, PAPER_ABLATION_SPEEDUP, VARIANTS
+    lines = ["# npumoe-lab demo: summary", ""]
+    lines += [f"- {k}: {v}" for k, v in sources.items()]
+    lines += ["", "Every time/energy number is labelled **measured** (run on this host, wall clock) or **modeled** "
+              "(the device cost model of `npumoe_lab/devices/platforms/<name>.yaml`, with its sourced parameters; "
+              "`npumoe-lab platforms` lists them). Numerics (drop rate, score) are real in both: the model runs on "
+              "this CPU.", ""]
+    for (p, c), g in df.groupby(["prompt_len", "chunk"]):
+        lines += [f"## prompt {p} tokens, chunk {c} (median of {int(g.groupby(['variant', 'platform']).size().max())}"
+                  f" row(s) per cell)", "",
+                  "| variant | platform | timing | TTFT (s) | energy/token (mJ) | CPU cycles | NPU calls | drop rate | "
+                  "score |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+        agg = g.groupby(["platform", "variant"], sort=False).agg(
+            {**{c_: "median" for c_ in SUMMARY_COLUMNS}, "timing_source": "first"}).reset_index()
+        order = {v: i for i, v in enumerate(VARIANTS)}
+        agg = agg.sort_values(["platform", "variant"], key=lambda s: s.map(order) if s.name == "variant" else s)
+        for r in agg.itertuples():
+            lines.append(f"| {r.variant} | {r.platform} | {r.timing_source} | {r.ttft_s:.4g} | "
+                         f"{r.energy_per_token_mj:.4g} | {r.cpu_cycles:.3g} | {r.n_npu_calls:.0f} | "
+                         f"{r.drop_rate:.1%} | {r.score:.3f} |")
+        lines += ["", "Ablation: TTFT speedup over npumoe-base (paper, PAPER.md 5.5: "
+                  + " / ".join(f"{PAPER_ABLATION_SPEEDUP[v]:.2f}" for v in ABLATION) + ")", "",
+                  "| platform | timing | " + " | ".join(ABLATION) + " |", "|---|---|" + "---:|" * len(ABLATION)]
+        for plat, pg in agg.groupby("platform", sort=False):
+            t = pg.set_index("variant").ttft_s
+            if "npumoe-base" not in t:
+                continue
+            cells = [f"{t['npumoe-base'] / t[v]:.2f}x (paper {PAPER_ABLATION_SPEEDUP[v]:.2f}x)" if v in t else "-"
+                     for v in ABLATION]
+            lines.append(f"| {plat} | {pg.timing_source.iloc[0]} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
+    import yaml
+
+    from ..models import load_model
+    from ..plan import variant_plan
+    from ..plots import make_all_figures
+    from ..variants import VARIANTS
+    from .runner import calibration_profile
+    from .store import load_results
+    from .sweep import run_sweep
+    from .sweep_spec import load_spec
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    kernel_env()
+    t0 = time.time()
+    spec = load_spec(sweep)
+    p = spec.parameters
+    chunks = spec.grid.get("chunk", [p.get("chunk", 256)])
+    model_name = p.get("model", "tiny")
+    model, tok = load_model(model_name)
+    print(f"[demo] calibrating {model_name} ({p.get('calib_workload', 'mixed')}, "
+          f"{p.get('calib_tokens', 8192)} tokens) and building plans ...", flush=True)
+    for c in chunks:
+        # the runner's cached calibration: the sweep's cells load this very profile instead of recalibrating
+        prof = calibration_profile(model, tok, p.get("calib_workload", "mixed"), c, p.get("calib_tokens", 8192),
+                                   p.get("seed", 0))
+        prof.save(out / "profiles" / f"chunk{c}")
+        (out / "profiles" / f"chunk{c}" / "summary.txt").write_text(prof.summary().to_string(index=False) + "\n")
+        for plat in [x.strip() for x in str(p.get("platforms", "cpu,m2-max")).split(",") if x.strip()]:
+            for v in [v for v in VARIANTS.values() if v.experts == "plan"]:
+                # as run_experiment builds it (default knobs: cost-based residency)
+                plan = variant_plan(prof, v.name, model, platform=plat, residency="cost")
+                plan.save(out / "plans" / f"{v.name}-{plat}-chunk{c}.json")
+    del model
+    print(f"[demo] running the sweep {sweep} ({len(spec.cells())} cells) ...", flush=True)
+    report = run_sweep(sweep, out / "sweep", workers=workers)
+    print(report.summary(), flush=True)
+    if not report.ok and not report.done and not report.skipped:
+        raise NpuMoeError(f"every cell of the demo sweep failed; see {out / 'sweep' / 'cells'}/*/executed.ipynb")
+    print("[demo] drawing figures ...", flush=True)
+    figs = make_all_figures(out / "sweep", out / "figures")
+    df = load_results(out / "sweep")
+    sources = {"model": f"`{model_name}` (data/models/npumoe-tiny)",
+               "sweep": f"`{Path(sweep).relative_to(REPO_ROOT) if Path(sweep).is_relative_to(REPO_ROOT) else sweep}`"
+                        f" -> `{out / 'sweep'}` ({len(report.done) + len(report.skipped)} cells ok, "
+                        f"{len(report.failed)} failed)",
+               "sweep parameters": "`" + yaml.safe_dump({**spec.parameters, **spec.grid}, default_flow_style=True,
+                                                         width=400).strip() + "`",
+               "calibration profiles / plans": f"`{out / 'profiles'}`, `{out / 'plans'}`",
+               "figures": f"`{out / 'figures'}` ({len(figs) if figs is not None else 0} files)",
+               "host": df["host"].iloc[0] if "host" in df else "?",
+               "git commit": df["git_commit"].iloc[0] if "git_commit" in df else "?",
+               "wall time of the demo": f"{time.time() - t0:.0f} s"}
+    path = out / "SUMMARY.md"
+    path.write_text(summary_markdown(df, sources))
+    print(f"[demo] done in {time.time() - t0:.0f} s: {path}", flush=True)
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m npumoe_lab.experiments.demo", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="results/demo")
+    ap.add_argument("--sweep", default=str(DEMO_SWEEP))
+    ap.add_argument("--workers", type=int, default=1)
+    a = ap.parse_args(argv)
+    try:
+        run_demo(a.out, a.sweep, a.workers)
+    except NpuMoeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
