@@ -25,7 +25,7 @@
 model = "tiny"
 workload = "ruler-multikey"
 variants = "npumoe-t"           # the tiers ablation step (add npumoe-base for the uniform-capacity baseline)
-tier_values = [1, 2, 3, 4]      # number of static capacity tiers; 1 = tiers off
+tier_values = [1, 2, 3, 4]      # numbers of static capacity tiers to try (1: tiers off)
 platforms = "m2-max"            # numerics are the same on every platform; add "cpu" for measured timings
 prompt_len = 1024
 chunk = 256

@@ -131,9 +131,8 @@ class PlanExecutor:
             G = len(gs.experts)
             x = packed[gs.start:gs.start + gs.rows].view(G, gs.capacity, H)
             y = out[gs.start:gs.start + gs.rows].view(G, gs.capacity, H)   # each group writes its rows in place
-            h = work.get("h", (G, gs.capacity, w.gate_up.shape[-1]), w.gate_up.dtype, hidden.device)
             role = "npu" if gs.resident else "cpu"
-            _, ev = clock.op(f"group{gs.group_id}", role, layer, ("ffn", gs, w), _run_group, x, w, y, h,
+            _, ev = clock.op(f"group{gs.group_id}", role, layer, ("ffn", gs, w), _run_group, x, w, y, work,
                              deps=(ev_pack,))
             group_events.append(ev)
             stats.npu_calls += int(gs.resident)
@@ -176,14 +175,14 @@ def _masked(weights, mask):
     return weights * mask.to(weights.dtype)
 
 
-def _run_group(x, w, out=None, h=None):
+def _run_group(x, w, out=None, work=None):
     """One static group; with `out` ([G, C, H] slice of the packed output) the result is written in place."""
     if w.gate_up.dtype != x.dtype:    # the NPU computes in its own precision (fp16 on the ANE)
         y = group_ffn(x.to(w.gate_up.dtype), w).to(x.dtype)
         return y if out is None else out.copy_(y)
     if out is None:
         return group_ffn(x, w)
-    return group_ffn_into(x, w, out, h)
+    return group_ffn_into(x, w, out, work)
 
 
 def _dynamic_experts(weights, hidden, top_k_index, top_k_weights, mask, renormalize):

@@ -151,16 +151,22 @@ def plan_dispatch(top_k_index: torch.Tensor, top_k_weights: torch.Tensor, layout
     return Dispatch(T, K, load, slot, src_token, weight, k_order), layout
 
 
+def _no_autograd(*tensors) -> bool:
+    """out= buffers cannot record autograd: use them only when nothing here needs a gradient."""
+    return not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors)
+
+
 def pack(hidden: torch.Tensor, dispatch: Dispatch, out: torch.Tensor | None = None) -> torch.Tensor:
     """[T, H] -> [R, H] packed buffer; padded rows are zero. One gather (into `out`, e.g. a reused buffer) and
     the padded rows zeroed in place: no copy of the whole hidden states with an appended zero row."""
     T, H = hidden.shape
     src = dispatch.src_token
-    if out is None:
-        out = hidden.new_empty(src.numel(), H)
     if T == 0:
-        return out.zero_()
-    torch.index_select(hidden, 0, src.clamp_min(0), out=out)    # padded rows read token 0 ...
+        return hidden.new_zeros(src.numel(), H) if out is None else out.zero_()
+    if out is not None and _no_autograd(hidden):
+        torch.index_select(hidden, 0, src.clamp_min(0), out=out)    # padded rows read token 0 ...
+    else:
+        out = hidden.index_select(0, src.clamp_min(0))
     pad_rows = torch.nonzero(src < 0).flatten()
     if pad_rows.numel():
         out.index_fill_(0, pad_rows, 0)                          # ... and are zeroed here
@@ -178,7 +184,8 @@ def scatter(expert_out: torch.Tensor, dispatch: Dispatch, work: torch.Tensor | N
     dtype = torch.promote_types(expert_out.dtype, dispatch.weight.dtype)
     if R == 0 or T == 0:                     # nothing was packed: every assignment was dropped
         return expert_out.new_zeros(T, H, dtype=dtype)
-    rows = torch.index_select(expert_out, 0, dispatch.slot.clamp_min(0), out=work)
+    rows = torch.index_select(expert_out, 0, dispatch.slot.clamp_min(0),
+                              out=work if _no_autograd(expert_out) else None)
     dropped = torch.nonzero(dispatch.slot < 0).flatten()
     if dropped.numel():                      # dropped assignments read row 0 (maybe padding): zero them, as
         rows.index_fill_(0, dropped, 0)      # 0 * (garbage/NaN padding) would not be 0
@@ -224,16 +231,24 @@ def _is_hf_swiglu(w: ExpertWeights) -> bool:
             and type(getattr(owner, "act_fn", None)).__name__ in ("SiLUActivation", "SiLU"))
 
 
-def group_ffn_into(x: torch.Tensor, w: ExpertWeights, out: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
-    """group_ffn writing into `out` [G, C, H] (e.g. a slice of the packed output buffer: no copy afterwards);
-    `h`: optional reusable [G, C, 2I] buffer. HF's SiLU gate runs in place on h's gate half (same bits as
-    `silu(gate) * up`, without two [G, C, I] temporaries); other gates use the family's own function."""
-    h = torch.bmm(x, w.gate_up, out=h)
+def group_ffn_into(x: torch.Tensor, w: ExpertWeights, out: torch.Tensor, work: "Workspace | None" = None
+                   ) -> torch.Tensor:
+    """group_ffn writing into `out` [G, C, H] (e.g. a slice of the packed output buffer: no copy afterwards),
+    intermediates in `work`'s reused buffers. HF's SiLU gate runs as silu_ in place on the gate half, then one
+    multiply into a contiguous [G, C, I] buffer (same bits as `silu(gate) * up`, one temporary less, and the
+    down GEMM reads a dense operand); other gates use the family's own function.
+    out= ops cannot record autograd: with grad enabled on grad-requiring inputs this is group_ffn + copy."""
+    if not _no_autograd(x, w.gate_up, w.down):
+        return out.copy_(group_ffn(x, w))
+    G, C, _ = x.shape
+    two_i = w.gate_up.shape[-1]
+    h = torch.bmm(x, w.gate_up, out=None if work is None else work.get("h", (G, C, two_i), x.dtype, x.device))
     if w.b_gate_up is not None:
         h += w.b_gate_up.unsqueeze(1)
     if _is_hf_swiglu(w):
-        i = h.shape[-1] // 2
-        a = torch.nn.functional.silu(h[..., :i], inplace=True).mul_(h[..., i:])   # strided view, no copy
+        i = two_i // 2
+        gate = torch.nn.functional.silu(h[..., :i], inplace=True)
+        a = torch.mul(gate, h[..., i:], out=None if work is None else work.get("act", (G, C, i), x.dtype, x.device))
     else:
         a = w.apply_gate(h)
     torch.bmm(a, w.down, out=out)

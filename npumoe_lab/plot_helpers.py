@@ -101,7 +101,18 @@ def stats(df, metric) -> pd.DataFrame:
 
 
 def varying(st, exclude=()) -> list[str]:
-    return [c for c in config(st, hue=True) if c not in exclude and st[c].nunique(dropna=True) > 1]
+    """Configuration columns that vary independently of `exclude` (the axis/facet columns) and of each other:
+    a column determined by those (e.g. an energy note per platform) would only repeat them in the legend."""
+    given = [c for c in exclude if c in st.columns and st[c].notna().any()]
+    chosen = []
+    for c in config(st, hue=True):
+        if c in exclude or st[c].nunique(dropna=True) < 2:
+            continue
+        by = given + chosen
+        if by and (st.groupby(by, dropna=False)[c].nunique(dropna=False) <= 1).all():
+            continue
+        chosen.append(c)
+    return chosen
 
 
 def hue_names(st, cols) -> pd.Series:

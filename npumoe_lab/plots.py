@@ -114,7 +114,7 @@ def plot_popularity_heatmap(profile):
     return fig
 
 
-def save_figure(fig, out_dir, name: str) -> list[Path]:
+def save_figure(fig, out_dir, name: str, dpi: int = 200) -> list[Path]:
     """Save `fig` as out_dir/name.pdf and .png (atomically); return both paths."""
     from .experiments.atomic import atomic_open
 
@@ -122,7 +122,7 @@ def save_figure(fig, out_dir, name: str) -> list[Path]:
     for ext in ("pdf", "png"):
         path = Path(out_dir) / f"{name}.{ext}"
         with atomic_open(path, "wb") as fh:
-            fig.savefig(fh, format=ext, dpi=200, bbox_inches="tight")
+            fig.savefig(fh, format=ext, dpi=dpi, bbox_inches="tight")
         paths.append(path)
     return paths
 
@@ -131,7 +131,7 @@ FIGURES = {"baselines": plot_baselines, "ablation": plot_ablation, "accuracy": p
            "tiers": plot_tiers, "grouping": plot_grouping, "residency": plot_residency}
 
 
-def make_all_figures(results_dir, out_dir, log=print) -> list[Path]:
+def make_all_figures(results_dir, out_dir, log=print, dpi: int = 200) -> list[Path]:
     """Every figure the results have columns for (+ a heatmap per calibration profile found); others are
     skipped with the reason logged. Returns the written PDF and PNG paths."""
     from .experiments.store import load_results
@@ -152,10 +152,10 @@ def make_all_figures(results_dir, out_dir, log=print) -> list[Path]:
             skipped.append(f"{name}: {exc}")
             continue
         if fig is not None:
-            paths += save_figure(fig, out_dir, name)
+            paths += save_figure(fig, out_dir, name, dpi)
     for prof in profiles:
         suffix = "" if len(profiles) == 1 else f"-{prof.name}"
-        paths += save_figure(plot_popularity_heatmap(prof), out_dir, f"popularity{suffix}")
+        paths += save_figure(plot_popularity_heatmap(prof), out_dir, f"popularity{suffix}", dpi)
     for line in skipped:
         log(f"skipped {line}")
     if not paths:

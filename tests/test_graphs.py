@@ -98,6 +98,32 @@ def test_chunk_attention_two_chunks_match_hf(kv):
         assert np.abs(got - want).max() / np.abs(want).max() < 5e-3
 
 
+@pytest.mark.parametrize("family", ["qwen2_moe", "olmoe", "mixtral", "phimoe", "granitemoe"])
+def test_chunk_attention_other_families_match_hf(family):
+    """Biases (qwen2_moe), full-width q/k norm (olmoe), attention_multiplier scaling (granitemoe)."""
+    model, _, attn, rotary = tiny_parts(family)
+    layer = max(attn)
+    a, s = attn[layer], 8
+    x = torch.randn(1, s, 64, generator=torch.Generator().manual_seed(4))
+    cos, sin = rotary(x, torch.arange(s)[None])
+    with torch.no_grad():
+        want = a(hidden_states=x, position_embeddings=(cos, sin),
+                 attention_mask=torch.triu(torch.full((s, s), MASK_MIN), 1)[None, None])[0]
+        _, _, mk, wr = chunk_inputs(range(s), 16, 16)
+        y, _, _ = ChunkAttention(a, 16, kv="io")(x, cos[0], sin[0], mk, wr, torch.zeros(1, 2, 16, 16),
+                                                 torch.zeros(1, 2, 16, 16))
+    np.testing.assert_allclose(y.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_chunk_attention_refuses_what_it_does_not_implement():
+    _, _, attn, _ = tiny_parts("gpt_oss")
+    with pytest.raises(NpuMoeError, match="attention sinks"):
+        ChunkAttention(attn[0], 64)
+    _, _, attn, _ = tiny_parts("deepseek_v3")
+    with pytest.raises(NpuMoeError, match=r"has no \['k_proj', 'v_proj'\]"):
+        ChunkAttention(attn[max(attn)], 64)
+
+
 def test_chunk_inputs_default_rope_matches_hf_and_bad_context():
     model, _, _, rotary = tiny_parts()
     cos, sin, mask, write = chunk_inputs(range(4, 8), 8, 16)
@@ -148,16 +174,16 @@ def test_cache_hit_and_failed_build_leaves_nothing(tmp_path):
     def build(p):
         calls.append(p)
         p.write_text("artifact")
-    p1, hit1 = cache.get_or_build("k1", "a.txt", build)
-    p2, hit2 = cache.get_or_build("k1", "a.txt", build)
+    p1, hit1 = cache.get_or_build("k1", build, ".txt")
+    p2, hit2 = cache.get_or_build("k1", build, ".txt")
     assert (hit1, hit2) == (False, True) and p1 == p2 and p2.read_text() == "artifact" and len(calls) == 1
 
     def broken(p):
         p.write_text("half")
         raise RuntimeError("converter crashed")
     with pytest.raises(RuntimeError):
-        cache.get_or_build("k2", "b.txt", broken)
-    assert cache.get("k2", "b.txt") is None and sorted(x.name for x in tmp_path.iterdir()) == ["k1"]
+        cache.get_or_build("k2", broken, ".txt")
+    assert cache.get("k2", ".txt") is None and sorted(x.name for x in tmp_path.iterdir()) == ["k1"]
 
 
 def test_powermetrics_sample_parsed_and_integrated():

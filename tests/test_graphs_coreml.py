@@ -88,10 +88,11 @@ def test_census_flags_host_ops_int_outputs_and_infinities():
                 opset_version=ct.target.iOS18)
     def prog(x):
         vals, idx = mb.topk(x=x, k=2, axis=-1)
-        return mb.add(x=vals, y=np.float16(-np.inf)), idx
+        return mb.add(x=vals, y=np.float16(-np.inf)), idx, mb.cast(x=x, dtype="fp32")
     rep = check_function(prog, "main", "bad", Limits())
     text = " | ".join(rep.violations)
-    assert "op topk" in text and "produces int32" in text and "non-finite" in text
+    assert "op topk" in text and "produces int32" in text and "non-finite" in text and "computes in fp32" in text
+    assert "output" in text and "not fp16" in text
     assert "axis 1 is 20000 > 16384" in text and not rep.ok
 
 

@@ -49,6 +49,8 @@ def test_sessions_and_exports_are_cached(device):
     assert h2.cache_hit and h1.sessions[8] is h2.sessions[8]
     fresh = OnnxRuntimeDevice(cache=device.cache)  # a new process: the export is reused from the cache
     assert fresh.compile(spec, w).cache_hit
+    h3 = device.compile_group(0, 0, 8, w)  # the engine's shortcut: same graph, same cached session
+    assert h3.cache_hit and h3.sessions[8] is h1.sessions[8]
     runner = OnnxGroupRunner(spec, w, device)
     y, wall = runner(np.zeros((2, 8, 64), np.float32))
     assert y.shape == (2, 8, 64) and wall > 0

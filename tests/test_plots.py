@@ -19,7 +19,7 @@ def _base(variant, repeat, **kw):
     measured = variant in MEASURED
     row = dict(model="tiny", workload="ruler-vt", variant=variant, platform=None if measured else "m4-ane",
                prompt_len=256, chunk=64, repeat=repeat, timing_source="measured" if measured else "modeled",
-               host=HOST)
+               host=HOST, energy_source="measured" if measured else "modeled")  # follows variant: no legend
     row.update(kw)
     return row
 
@@ -82,6 +82,7 @@ def test_baselines_figure_order_labels_errorbars_and_files(results, tmp_path):
     assert label == f"measured (host {HOST}); modeled (platform m4-ane)"
     assert [t.get_text() for t in timed[0].get_xticklabels()] == list(plots.VARIANT_ORDER)
     assert all(_has_errorbars(ax) for ax in timed)
+    assert timed[0].get_legend() is None  # energy_source follows the variant: nothing to tell apart
     heights = [p.get_height() for p in timed[0].patches]
     assert heights == pytest.approx([4.0, 3.0, 6.0, 2.5, 2.0, 2.0 / 1.5, 1.0, 0.5, 0.6])  # medians (repeat 1)
     pdf, png = plots.save_figure(fig, tmp_path, "baselines")
@@ -132,7 +133,7 @@ def test_popularity_heatmap_shares_sum_to_100_per_layer(results):
 
 def test_make_all_figures_and_cli_skip_what_is_missing(results, tmp_path, capsys):
     logged = []
-    paths = plots.make_all_figures(results, tmp_path / "figs", log=logged.append)
+    paths = plots.make_all_figures(results, tmp_path / "figs", log=logged.append, dpi=60)
     names = sorted({p.stem for p in paths})
     assert names == ["ablation", "accuracy", "baselines", "grouping", "popularity", "residency", "tiers"]
     assert all(p.stat().st_size > 0 for p in paths) and len(paths) == 14 and not logged

@@ -66,7 +66,7 @@ def test_resume_after_sigkill_runs_each_cell_exactly_once(tmp_path):
 
 def test_failed_cell_is_kept_others_finish_retry_and_dask_matches_local(tmp_path, capsys):
     local = tmp_path / "local"
-    rc = cli.main(["sweep", str(FIX / "sweep_fail.yaml"), "--out", str(local)])
+    rc = cli.main(["sweep", str(FIX / "sweep_fail.yaml"), "--out", str(local), "--workers", "2"])  # process pool
     printed = capsys.readouterr().out
     assert rc == 1 and "1 done" in printed and "1 failed" in printed
     assert "'x': 13" in printed and "ValueError: x == 13 is unlucky" in printed

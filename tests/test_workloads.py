@@ -20,7 +20,7 @@ from npumoe_lab.workloads.hf_tasks import hellaswag_preprocess
 from npumoe_lab.workloads.ruler import synthetic_text
 from npumoe_lab.workloads.scoring import evaluate_sample
 
-torch.set_num_threads(2)
+torch.set_num_threads(1)  # 1 thread: immune to OpenMP barrier stalls when the 2 cores are shared
 FIX = Path(__file__).resolve().parent.parent / "data" / "fixtures"
 SYNTH = ["ruler-multikey", "ruler-vt", "fewshot-cls", "lm-heldout"]
 
@@ -56,7 +56,7 @@ def test_exact_length_and_determinism(tok, name, prompt_len):
 @pytest.mark.parametrize("name", SYNTH)
 def test_prompt_beyond_context(tok, name):
     with pytest.raises(NpuMoeError, match="context"):
-        get_workload(name).samples(tok, 2300, 1)
+        get_workload(name).samples(tok, 2305, 1)
     with pytest.raises(NpuMoeError, match="context"):
         get_workload(name).samples(tok, 4096, 1)
 
@@ -145,8 +145,9 @@ def test_hellaswag_fixture(tok):
         assert tok.decode(s.input_ids[1:]).endswith(query)
         assert all(c.startswith(" ") and "[" not in c for c in s.choices)
         assert s.meta["n_shots"] >= 10
+    # lm-eval's quirk kept on purpose: the removed [header] leaves a leading space
     assert hellaswag_preprocess("[header] How to boil an egg [title] Place the eggs in a pot.") == \
-        "How to boil an egg. Place the eggs in a pot."
+        " How to boil an egg. Place the eggs in a pot."
 
 
 def test_missing_field_fixture(tok):

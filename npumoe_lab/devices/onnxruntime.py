@@ -18,7 +18,7 @@ import torch
 from ..errors import NpuMoeError
 from ..graphs.cache import GraphCache, artifact_key, weights_digest
 from ..graphs.onnx import export_group
-from ..graphs.spec import canonical
+from ..graphs.spec import GroupGraphSpec, canonical
 
 TIMING_SOURCE = "measured"
 
@@ -76,12 +76,20 @@ class OnnxRuntimeDevice:
         for cap in spec.capacities:
             key = artifact_key("onnx-group", digest, [len(spec.experts), int(cap), spec.hidden, spec.intermediate],
                                {"act": weights.act, "alpha": weights.alpha, "limit": weights.limit})
-            path, hit = self.cache.get_or_build(key, f"{spec.name}_cap{cap}.onnx",
-                                                lambda p, c=cap: export_group(weights, c, p))
+            path, hit = self.cache.get_or_build(key, lambda p, c=cap: export_group(weights, c, p), ".onnx")
             paths[int(cap)], hits = path, hits + [hit]
         handle = OnnxGroupHandle(spec, paths, cache_hit=all(hits))
         handle.sessions = {c: self._session(p) for c, p in paths.items()}
         return handle
+
+    def compile_group(self, layer: int, group_id: int, capacities, weights) -> OnnxGroupHandle:
+        """compile() without building a spec: `weights` are the group's own ExpertWeights (weights.select(experts)),
+        capacities an int or the capacities the engine will pack to."""
+        caps = (int(capacities),) if isinstance(capacities, int) else tuple(int(c) for c in capacities)
+        has_bias = any(b is not None for b in canonical(weights)[3:])
+        spec = GroupGraphSpec(int(layer), int(group_id), tuple(range(weights.n_experts)), caps, weights.hidden,
+                              weights.intermediate, weights.act, has_bias)
+        return self.compile(spec, weights)
 
     def run(self, handle: OnnxGroupHandle, x):
         """x [G, C, H] -> (y [G, C, H] of the same kind as x, measured wall seconds of the session call)."""

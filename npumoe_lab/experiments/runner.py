@@ -180,11 +180,10 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
     detach(model_obj)
     df = pd.DataFrame(rows)
     if out is not None:
-        from .store import write_rows
-        write_rows(df, out, name=f"run-{workload}-p{prompt_len}-c{chunk}")
+        from .store import write_rows, write_timeline
+        write_rows(df, out)            # content-hash file name: a re-run never replaces earlier rows
         if tl_frames:
-            write_rows(pd.concat(tl_frames, ignore_index=True), Path(out) / "timelines",
-                       name=f"timeline-{workload}-p{prompt_len}-c{chunk}")
+            write_timeline(pd.concat(tl_frames, ignore_index=True), Path(out) / "timelines")
     return df
 
 

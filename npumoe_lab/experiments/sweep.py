@@ -95,7 +95,7 @@ def run_sweep(yaml_path, out_dir, workers: int = 1, executor: str = "local", sch
     with bar:
         for task, result in run_all(run_cell, tasks, workers, scheduler):
             outcome = _outcome(task, result)
-            {"done": report.done, "skipped": report.skipped, "failed": report.failed}[outcome.status].append(outcome)
+            getattr(report, outcome.status).append(outcome)  # done | skipped | failed
             bar.update(1)
             bar.set_postfix(failed=len(report.failed))
     return report

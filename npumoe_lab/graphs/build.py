@@ -54,13 +54,13 @@ def _build_attention(spec, attn, rotary, target, options, limits, dst: Path) -> 
     return {"functions": out}
 
 
-def _cached(cache, key, name, build) -> tuple[Path, dict, bool, float]:
+def _cached(cache, key, suffix, build) -> tuple[Path, dict, bool, float]:
     t0 = time.perf_counter()
 
     def build_and_report(dst: Path):
         report = build(dst)
         (dst.parent / "report.json").write_text(json.dumps(report, indent=1, default=str))
-    path, hit = cache.get_or_build(key, name, build_and_report)
+    path, hit = cache.get_or_build(key, build_and_report, suffix)
     report = json.loads((path.parent / "report.json").read_text())
     return path, report, hit, time.perf_counter() - t0
 
@@ -86,8 +86,9 @@ def build_graphs(plan, weights: dict, out, *, target: str = "coreml", options=No
         w = subset(weights[spec.layer], spec.experts).contiguous()
         key = artifact_key(f"{target}-group", weights_digest(*canonical(w)), asdict(spec),
                            {**opt_key, "act": w.act, "alpha": w.alpha, "limit": w.limit, "limits": asdict(limits)})
-        name = f"{spec.name}.mlpackage" if target == "coreml" else spec.name
-        path, report, hit, secs = _cached(cache, key, name,
+        suffix = ".mlpackage" if target == "coreml" else ""
+        name = spec.name + suffix
+        path, report, hit, secs = _cached(cache, key, suffix,
                                           lambda d, s=spec, ww=w: _build_group(s, ww, target, options, limits, d))
         entries.append({"kind": "group", "layer": spec.layer, "group": spec.group, "experts": list(spec.experts),
                         "capacities": list(spec.capacities), "key": key, "cache_hit": hit, "seconds": secs,
@@ -102,8 +103,9 @@ def build_graphs(plan, weights: dict, out, *, target: str = "coreml", options=No
             attn = attention[layer]
             key = artifact_key(f"{target}-attention", _attn_digest(attn), asdict(spec),
                                {**opt_key, "limits": asdict(limits), "class": type(attn).__name__})
-            name = f"{spec.name}.mlpackage" if target == "coreml" else spec.name
-            path, report, hit, secs = _cached(cache, key, name, lambda d, s=spec, a=attn: _build_attention(
+            suffix = ".mlpackage" if target == "coreml" else ""
+            name = spec.name + suffix
+            path, report, hit, secs = _cached(cache, key, suffix, lambda d, s=spec, a=attn: _build_attention(
                 s, a, rotary, target, options, limits, d))
             entries.append({"kind": "attention", "layer": layer, "chunks": list(chunks), "context": int(context),
                             "key": key, "cache_hit": hit, "seconds": secs, "path": name, **report})

@@ -45,34 +45,34 @@ def artifact_key(kind: str, weights: str, shapes, options: dict) -> str:
 
 
 class GraphCache:
-    """`get_or_build(key, name, build)`: `build(tmp_path)` writes the artifact at tmp_path (file or directory);
-    it is moved into the cache atomically, so an interrupted build never leaves a half artifact behind."""
+    """`get_or_build(key, build, suffix)`: `build(tmp_path)` writes the artifact at tmp_path (a file or directory
+    named `artifact<suffix>`); it is moved into the cache atomically, so an interrupted build never leaves a half
+    artifact behind. The stored name depends on the key only: equal content is one artifact, whatever it is called."""
 
     def __init__(self, root=None):
         self.root = Path(root) if root is not None else default_root()
 
-    def path(self, key: str, name: str) -> Path:
-        return self.root / key / name
+    def path(self, key: str, suffix: str = "") -> Path:
+        return self.root / key / f"artifact{suffix}"
 
-    def get(self, key: str, name: str) -> Path | None:
-        p = self.path(key, name)
+    def get(self, key: str, suffix: str = "") -> Path | None:
+        p = self.path(key, suffix)
         return p if p.exists() else None
 
-    def get_or_build(self, key: str, name: str, build) -> tuple[Path, bool]:
+    def get_or_build(self, key: str, build, suffix: str = "") -> tuple[Path, bool]:
         """Returns (artifact path, cache_hit)."""
-        hit = self.get(key, name)
+        hit = self.get(key, suffix)
         if hit is not None:
             return hit, True
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=self.root))
         try:
-            build(tmp / name)
-            final = self.root / key
+            build(tmp / f"artifact{suffix}")
             try:
-                os.rename(tmp, final)  # atomic publish of the whole key directory
+                os.rename(tmp, self.root / key)  # atomic publish of the whole key directory
             except OSError:  # a concurrent build of the same key won: use it
                 shutil.rmtree(tmp, ignore_errors=True)
-            return self.path(key, name), False
+            return self.path(key, suffix), False
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

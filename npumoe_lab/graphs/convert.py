@@ -65,10 +65,11 @@ def register_cli(subparsers) -> None:
     p.add_argument("--out", required=True, help="output directory (artifacts + manifest.json)")
     p.add_argument("--model", default="tiny", help="'tiny' or a model directory (must match the plan)")
     p.add_argument("--platform", default=None, help="platform profile for limits (default: the plan's)")
-    p.add_argument("--layout", choices=("conv", "bmm"), default="conv", help="Core ML expert layout (default conv)")
-    p.add_argument("--compress", choices=("none", "int8", "lut4", "lut6", "lut8"), default="none")
+    p.add_argument("--layout", choices=("conv", "bmm"), default="conv", help="Core ML expert layout (coreml only; default conv)")
+    p.add_argument("--compress", choices=("none", "int8", "lut4", "lut6", "lut8"), default="none",
+                   help="Core ML weight compression (coreml only)")
     p.add_argument("--compute-units", choices=("CPU_AND_NE", "CPU_ONLY", "CPU_AND_GPU", "ALL"), default="CPU_AND_NE",
-                   help="stored in the Core ML package (load can override)")
+                   help="stored in the Core ML package; load can override (coreml only)")
     p.add_argument("--all-tiers", action="store_true", help="add the layer's smaller tiers as functions of each group")
     p.add_argument("--no-attention", action="store_true", help="only the expert group graphs")
     p.add_argument("--context", type=int, default=2048, help="KV cache length of the attention graphs")

@@ -100,8 +100,9 @@ class GroupFFN(nn.Module):
 
 
 class ChunkAttention(nn.Module):
-    """Attention sublayer (q/k/v/o projections, optional per-head q/k RMSNorm, RoPE, GQA) for one prefill chunk of
-    static length S against a KV cache of static length T.
+    """Attention sublayer (q/k/v/o projections, optional q/k RMSNorm, RoPE, GQA) for one prefill chunk of static
+    length S against a KV cache of static length T. Refuses what it does not implement (sinks, MLA, a sliding
+    window shorter than the context) rather than computing something else.
 
     Inputs: x [1, S, H] (normed hidden states), cos/sin [S, D] (RoPE at the chunk's positions), mask [1, 1, S, T]
     (0 or MASK_MIN: causal + unwritten slots), write [T, S] one-hot (row t = 1 at column s if token s goes to cache
@@ -118,6 +119,14 @@ class ChunkAttention(nn.Module):
         if missing:
             raise NpuMoeError(f"attention module {type(attn).__name__} has no {missing}; only q/k/v/o_proj attention "
                               "(Llama/Qwen/Mixtral style) can be converted; convert without attention graphs")
+        if getattr(attn, "sinks", None) is not None:
+            raise NpuMoeError(f"{type(attn).__name__} uses attention sinks, which the static attention graph does "
+                              "not implement; convert with --no-attention")
+        cfg, idx = getattr(attn, "config", None), getattr(attn, "layer_idx", None)
+        types, window = getattr(cfg, "layer_types", None), getattr(cfg, "sliding_window", None)
+        if types and idx is not None and types[idx] == "sliding_attention" and window and context > window:
+            raise NpuMoeError(f"layer {idx} uses sliding-window attention ({window}) but the graph's context is "
+                              f"{context}; use --context <= {window} or --no-attention")
         self.kv, self.context = kv, int(context)
         self.head_dim = int(attn.head_dim)
         self.n_heads = attn.q_proj.out_features // self.head_dim
@@ -130,6 +139,9 @@ class ChunkAttention(nn.Module):
             setattr(self, name, lin.requires_grad_(False))
         self.q_norm_w = self._norm(attn, "q_norm")
         self.k_norm_w = self._norm(attn, "k_norm")
+        # decided here, in python: a traced shape comparison would become a graph constant with a TracerWarning
+        w = self.q_norm_w
+        self.norm_mode = "none" if w is None else "head" if w.numel() == self.head_dim else "full"
         self.eps = float(getattr(getattr(attn, "q_norm", None), "variance_epsilon", 1e-6))
         self.eps = max(self.eps, 1e-6)  # fp16-safe epsilon (ANCHORS 3.1)
         # rotate_half(x) = [-x2, x1] as a matmul with a constant +-1 matrix: no slice/concat copies in the graph
@@ -151,9 +163,15 @@ class ChunkAttention(nn.Module):
         return nn.Parameter(mod.weight.detach().float().clone(), requires_grad=False)
 
     def _rms(self, x, w):
-        if w is None:
-            return x
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
+
+    def _project(self, x, proj, norm_w, n):
+        """proj(x) -> [1, n, S, D], with the q/k RMSNorm per head (Qwen3) or over all heads (OLMoE)."""
+        y = proj(x)
+        if norm_w is not None and self.norm_mode == "full":
+            y = self._rms(y, norm_w)
+        y = self._heads(y, n)
+        return self._rms(y, norm_w) if norm_w is not None and self.norm_mode == "head" else y
 
     def _rope(self, x, cos, sin):
         return x * cos + torch.matmul(x, self.rotate_half) * sin
@@ -163,8 +181,8 @@ class ChunkAttention(nn.Module):
         return y.reshape(1, -1, n, self.head_dim).transpose(1, 2)
 
     def forward(self, x, cos, sin, mask, write, k_cache=None, v_cache=None):
-        q = self._rope(self._rms(self._heads(self.q_proj(x), self.n_heads), self.q_norm_w), cos, sin)
-        k = self._rope(self._rms(self._heads(self.k_proj(x), self.n_kv), self.k_norm_w), cos, sin)
+        q = self._rope(self._project(x, self.q_proj, self.q_norm_w, self.n_heads), cos, sin)
+        k = self._rope(self._project(x, self.k_proj, self.k_norm_w, self.n_kv), cos, sin)
         v = self._heads(self.v_proj(x), self.n_kv)
         keep = 1.0 - write.sum(dim=-1, keepdim=True)  # [T, 1]: 0 where this chunk writes
         if self.kv == "state":

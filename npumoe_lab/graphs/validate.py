@@ -78,6 +78,9 @@ def check_function(prog, function: str, graph: str, limits: Limits) -> GraphRepo
             if types.is_int(out.dtype) or types.is_bool(out.dtype):
                 rep.violations.append(f"op {op.op_type} ({op.name}) produces {types.builtin_to_string(out.dtype)} "
                                       "(int/bool tensors do not run on the ANE)")
+            elif types.is_float(out.dtype) and out.dtype != types.fp16:
+                rep.violations.append(f"op {op.op_type} ({op.name}) computes in {types.builtin_to_string(out.dtype)} "
+                                      "(the ANE computes fp16; convert with compute_precision FLOAT16)")
             if out.shape is not None:
                 _check_shape(rep, f"{op.op_type} {op.name}", out.shape, limits)
     if rep.weight_bytes > limits.graph_limit_bytes:

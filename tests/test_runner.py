@@ -1,0 +1,94 @@
+"""`npumoe-lab run` end to end: every variant x {cpu measured, m2-max modeled} x prompt lengths x chunks (issue 4)."""
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.experiments.runner import ablation_report, run_experiment
+from npumoe_lab.models import TINY_MODEL_DIR
+from npumoe_lab.variants import VARIANTS
+
+torch.set_num_threads(2)
+FIXED_KEYS = ["model", "workload", "variant", "platform", "prompt_len", "chunk", "repeat"]
+METRICS = ["ttft_s", "energy_j", "energy_per_token_mj", "cpu_busy_s", "cpu_cycles", "n_npu_calls", "drop_rate",
+           "pad_rate", "timing_source", "platform_profile", "platform_hash", "model_fingerprint", "plan_hash",
+           "git_commit", "versions", "host"]
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory):
+    """A small random Qwen3-MoE with the bundled tokenizer and context (fast, same code path as the real one)."""
+    if not (TINY_MODEL_DIR / "tokenizer.json").exists():
+        pytest.skip("bundled tiny model/tokenizer not present yet")
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
+    real = AutoConfig.from_pretrained(TINY_MODEL_DIR)
+    cfg = AutoConfig.for_model("qwen3_moe", vocab_size=real.vocab_size, hidden_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=16,
+                               num_experts_per_tok=4, moe_intermediate_size=32, intermediate_size=128,
+                               max_position_embeddings=real.max_position_embeddings, norm_topk_prob=True,
+                               tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("gate.weight"):
+                p.normal_(0, 0.3)            # decisive, skewed routing like a trained router
+    d = tmp_path_factory.mktemp("standin")
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+@pytest.mark.slow
+def test_every_variant_end_to_end(standin, tmp_path, monkeypatch):
+    monkeypatch.setenv("NPUMOE_CACHE", str(tmp_path / "cache"))
+    frames = []
+    for prompt_len in (1024, 2048):
+        for chunk in (256, 512):
+            frames.append(run_experiment(model=str(standin), workload="lm-heldout", variants="all",
+                                         platforms="cpu,m2-max", prompt_len=prompt_len, chunk=chunk, n_samples=1,
+                                         calib_tokens=2048, out=tmp_path / "rows", warmup=0))
+    df = pd.concat(frames)
+    assert set(df.variant) == set(VARIANTS) and set(df.platform) == {"cpu", "m2-max"}
+    assert len(df) == len(VARIANTS) * 2 * 4
+    assert all(c in df.columns for c in FIXED_KEYS + METRICS)
+    assert (df[df.platform == "cpu"].timing_source == "measured").all()
+    assert (df[df.platform == "m2-max"].timing_source == "modeled").all()
+    assert (df.ttft_s > 0).all() and (df.energy_per_token_mj > 0).all()
+    # only static-NPU variants dispatch NPU graphs; attention-on-NPU variants add one call per layer per chunk
+    assert (df[df.variant.isin(["reference", "cpu-only"])].n_npu_calls == 0).all()
+    # the dropless variants agree with the reference to fp32 noise (modeled NPUs compute fp16)
+    dropless = df[df.variant.isin(["cpu-only", "anemll"])]
+    assert (dropless.top1_agree == 1.0).all() and (dropless.kl < 1e-6).all()
+    from npumoe_lab.experiments.store import load_results
+    stored = load_results(tmp_path / "rows")
+    assert len(stored) == len(df)
+    assert "[modeled m2-max]" in ablation_report(df)
+
+
+def test_spill_is_dropless_and_capacities_above_load_match_reference(standin, tmp_path, monkeypatch):
+    monkeypatch.setenv("NPUMOE_CACHE", str(tmp_path / "cache"))
+    df = run_experiment(model=str(standin), workload="lm-heldout", variants="npumoe,npumoe-spill,npumoe-base",
+                        platforms="cpu", prompt_len=512, chunk=256, n_samples=1, calib_tokens=1024, warmup=0,
+                        percentile=100, tiers=3)
+    spill = df[df.variant == "npumoe-spill"].iloc[0]
+    assert spill.drop_rate == 0 and spill.kl < 1e-8 and spill.top1_agree == 1.0
+
+
+def test_bad_input_errors(standin):
+    with pytest.raises(NpuMoeError, match="valid variants"):
+        run_experiment(model=str(standin), workload="lm-heldout", variants="npumoe,fast-npu")
+    with pytest.raises(NpuMoeError, match="m2-max"):
+        run_experiment(model=str(standin), workload="lm-heldout", variants="npumoe", platforms="m9-ultra")
+    with pytest.raises(NpuMoeError, match="context"):
+        run_experiment(model=str(standin), workload="lm-heldout", variants="npumoe", prompt_len=10**6)
+
+
+def test_cli_lists_platforms_with_sources():
+    out = subprocess.run([sys.executable, "-m", "npumoe_lab", "platforms"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "m2-max" in out.stdout and "m2-ultra" in out.stdout
