@@ -21,7 +21,7 @@
 
 # %% tags=["parameters"]
 results_dir = "../results/demo"   # a results folder (relative to this notebook, or absolute)
-out_dir = None                    # where the figures go; None = <results_dir>/figures
+out_dir = None                    # where the figures go (None: the figures folder inside results_dir)
 
 # %%
 from pathlib import Path

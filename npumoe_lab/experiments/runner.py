@@ -171,8 +171,8 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
                            platform_profile=plat.name, platform_hash=plat.hash, platform_kind=plat.kind,
                            model_fingerprint=fingerprint, plan_hash=getattr(used, "hash", None),
                            created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **prov)
-                for k in plan_knobs:
-                    row[k] = plan_knobs[k]
+                for k in plan_knobs:            # swept knobs become columns (the figures read them)
+                    row["n_tiers" if k == "tiers" else k] = plan_knobs[k]
                 for col in m.columns:
                     row[col] = m[col].mean() if pd.api.types.is_numeric_dtype(m[col]) else m[col].iloc[0]
                 rows.append(row)
