@@ -263,12 +263,11 @@ def markdown(rows) -> str:
             "% peak | / roofline | drop % | pad % | pack+scatter % |\n|" + "---|" * 14)
     out = [head]
     for r in rows:
-        static = r["variant"].startswith("static-3")
+        extra = (f"{r['drop_pct']:.2f} | {r['pad_pct']:.1f} | {r['pack_scatter_pct']:.1f}"
+                 if r["variant"] == "static-3tier" else " | | ")
         out.append(f"| {r['geometry']} | {r['dtype']} | {r['chunk']} | {r['variant']} | {r['median_ms']:.1f} | "
                    f"{r['iqr_ms']:.1f} | {r['vs_eager']:.2f}x | {r['vs_grouped']:.2f}x | {r['gflops']:.0f} | "
-                   f"{r['pct_peak']:.0f} | {r['vs_roofline']:.2f} | "
-                   + (f"{r['drop_pct']:.2f} | {r['pad_pct']:.1f} | {r['pack_scatter_pct']:.1f} |" if static
-                      else "| | | |"))
+                   f"{r['pct_peak']:.0f} | {r['vs_roofline']:.2f} | {extra} |")
     return "\n".join(out)
 
 

@@ -59,6 +59,7 @@ class PlanExecutor:
     npu_dtype: torch.dtype | None = None  # e.g. torch.float16 where the modeled NPU computes fp16
     seed: int = 0
     clock: object = field(default_factory=NullClock)
+    npu_backend: object = None           # resident groups: None/"torch" (in process) | "onnxruntime" | "coreml"
 
     def __post_init__(self):
         if self.cold not in COLD_MODES:
@@ -75,6 +76,11 @@ class PlanExecutor:
         if missing:
             raise NpuMoeError(f"the plan has no entry for MoE layers {missing}: it was built for another model")
         self._static = {}  # layer -> (Layout, cold expert mask, stacked weights per group)
+        if self.npu_backend == "torch":
+            self.npu_backend = None
+        elif isinstance(self.npu_backend, str):   # an external static-graph runtime plays the NPU
+            from .devices.backends import get_npu_backend
+            self.npu_backend = get_npu_backend(self.npu_backend)
         self._work = Workspace()  # packed/out/gather buffers reused across calls and layers (no page faults)
 
     # -- static part, built once per layer: the "compiled graphs" -----------------------------------------
@@ -95,7 +101,11 @@ class PlanExecutor:
         weights = []
         for gs in layout.groups:
             w = handle.weights.select(gs.experts).contiguous()
-            weights.append(w.to(self.npu_dtype) if (gs.resident and self.npu_dtype is not None) else w)
+            if gs.resident and self.npu_backend is not None:
+                w = self.npu_backend.compile(handle.layer, gs.group_id, gs.capacity, w)
+            elif gs.resident and self.npu_dtype is not None:
+                w = w.to(self.npu_dtype)
+            weights.append(w)
         self._static[handle.layer] = (layout, cold, weights)
         return self._static[handle.layer]
 
@@ -132,8 +142,12 @@ class PlanExecutor:
             x = packed[gs.start:gs.start + gs.rows].view(G, gs.capacity, H)
             y = out[gs.start:gs.start + gs.rows].view(G, gs.capacity, H)   # each group writes its rows in place
             role = "npu" if gs.resident else "cpu"
-            _, ev = clock.op(f"group{gs.group_id}", role, layer, ("ffn", gs, w), _run_group, x, w, y, work,
-                             deps=(ev_pack,))
+            if gs.resident and self.npu_backend is not None:
+                _, ev = clock.op(f"group{gs.group_id}", role, layer, ("ffn", gs, handle.weights), _run_backend,
+                                 self.npu_backend, w, x, y, deps=(ev_pack,))
+            else:
+                _, ev = clock.op(f"group{gs.group_id}", role, layer, ("ffn", gs, w), _run_group, x, w, y, work,
+                                 deps=(ev_pack,))
             group_events.append(ev)
             stats.npu_calls += int(gs.resident)
         stats.slots, stats.padded = layout.total_rows, dispatch.n_padded
@@ -183,6 +197,11 @@ def _run_group(x, w, out=None, work=None):
     if out is None:
         return group_ffn(x, w)
     return group_ffn_into(x, w, out, work)
+
+
+def _run_backend(backend, handle, x, out):
+    """A resident group on an external static-graph runtime (ONNX Runtime, Core ML)."""
+    return out.copy_(backend.run(handle, x))
 
 
 def _dynamic_experts(weights, hidden, top_k_index, top_k_weights, mask, renormalize):

@@ -126,3 +126,18 @@ def test_plan_for_another_model_is_rejected(model):
     with pytest.raises(NpuMoeError, match="no entry for MoE layers"):
         PlanExecutor({"saliency": "position", "layers": []}, nl.attach(model)._npumoe.handles)
     nl.detach(model)
+
+
+@pytest.mark.parametrize("cold_every", [0, 2])     # npumoe-tg (all resident) and npumoe (cold groups on the CPU)
+def test_onnxruntime_backend_matches_torch_groups(model, cold_every):
+    pytest.importorskip("onnxruntime")
+    ids = torch.randint(3, 128, (1, 40), generator=torch.Generator().manual_seed(6))
+    plan = make_plan(describe(model), capacity=8, cold_every=cold_every)
+    nl.attach(model, plan)
+    torch_res = nl.prefill(model, ids, chunk=20, platform="cpu")
+    nl.attach(model, plan, npu_backend="onnxruntime")
+    ort_res = nl.prefill(model, ids, chunk=20, platform="cpu")
+    nl.detach(model)
+    torch.testing.assert_close(ort_res.logits, torch_res.logits, atol=1e-4, rtol=1e-4)
+    groups = [e for e in ort_res.events if e.name.startswith("group") and e.device == "npu"]
+    assert groups and all(e.timing_source == "measured" and e.duration_s > 0 for e in groups)

@@ -38,7 +38,7 @@ def calibration_profile(model, tokenizer, workload: str, chunk: int, tokens: int
     return profile
 
 
-def _attach_variant(model, variant, specs, profile, platform, knobs, plan):
+def _attach_variant(model, variant, specs, profile, platform, knobs, plan, npu_backend=None):
     """Put the model in the variant's configuration; returns the plan used (or None)."""
     from .. import attach, detach
     from ..plan import build_plan
@@ -56,7 +56,7 @@ def _attach_variant(model, variant, specs, profile, platform, knobs, plan):
         kw = {k: v for k, v in knobs.items() if v is not None}
         kw.update(variant.plan_overrides)
         used = build_plan(profile, model, platform=platform.name, **kw)
-    attach(model, used, spill=variant.spill, npu_dtype=npu_dtype)
+    attach(model, used, spill=variant.spill, npu_dtype=npu_dtype, npu_backend=npu_backend)
     return used
 
 
@@ -71,7 +71,7 @@ def _layer_counts(stats):
 def run_experiment(model="tiny", workload="ruler-multikey", variants="all", platforms="cpu,m2-max",
                    prompt_len=1024, chunk=256, plan=None, repeats=1, n_samples=4, seed=0, out=None,
                    calib_workload="mixed", calib_tokens=8192, timeline=False, model_name=None, warmup=1,
-                   **plan_knobs) -> pd.DataFrame:
+                   npu_backend=None, **plan_knobs) -> pd.DataFrame:
     """Run every (variant, platform) on the workload's samples; returns (and writes to `out`) result rows."""
     from .. import detach
     from ..devices import get_platform
@@ -133,7 +133,10 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
     bar = progress(total=len(vlist) * len(plats) * len(samples) * repeats, desc=f"run {workload}")
     for plat in plats:
         for v in vlist:
-            used = _attach_variant(model_obj, v, specs, profile, plat, plan_knobs, plan)
+            if npu_backend not in (None, "torch") and plat.kind != "measured":
+                raise NpuMoeError(f"--npu-backend {npu_backend} runs real graphs: use it with a measured platform "
+                                  f"(e.g. cpu), not the modeled {plat.name!r}")
+            used = _attach_variant(model_obj, v, specs, profile, plat, plan_knobs, plan, npu_backend)
             for _ in range(warmup):      # untimed: first calls pay allocator/thread-pool start-up on this host
                 chunked_prefill(model_obj, torch.tensor([samples[0].input_ids]), chunk, pad_token_id=pad_id)
             per_rep = [[] for _ in range(repeats)]
@@ -170,6 +173,7 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
                            top1_agree=accdf["top1_agree"].mean(), kl=accdf["kl"].mean(),
                            platform_profile=plat.name, platform_hash=plat.hash, platform_kind=plat.kind,
                            model_fingerprint=fingerprint, plan_hash=getattr(used, "hash", None),
+                           npu_backend=(npu_backend or "torch") if v.experts == "plan" else None,
                            created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **prov)
                 for k in plan_knobs:            # swept knobs become columns (the figures read them)
                     row["n_tiers" if k == "tiers" else k] = plan_knobs[k]
@@ -221,6 +225,8 @@ def register_cli(sub):
     p.add_argument("--hot-threshold", type=float, default=None)
     p.add_argument("--saliency", default=None)
     p.add_argument("--timeline", action="store_true", help="also write the per-op timeline")
+    p.add_argument("--npu-backend", default=None, choices=["torch", "onnxruntime", "coreml"],
+                   help="what runs resident groups on a measured platform (default: torch in process)")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cli_run)
     q = sub.add_parser("platforms", help="list the platforms with their sources")
@@ -233,7 +239,7 @@ def _cli_run(a: argparse.Namespace) -> int:
     df = run_experiment(model=a.model, workload=a.workload, variants=a.variant, platforms=a.platform,
                         prompt_len=a.prompt_len, chunk=a.chunk, plan=a.plan, repeats=a.repeats,
                         n_samples=a.samples, seed=a.seed, out=a.out, calib_workload=a.calib_workload,
-                        calib_tokens=a.calib_tokens, timeline=a.timeline, **knobs)
+                        calib_tokens=a.calib_tokens, timeline=a.timeline, npu_backend=a.npu_backend, **knobs)
     cols = ["variant", "platform", "timing_source", "ttft_s", "energy_per_token_mj", "cpu_busy_s", "n_npu_calls",
             "drop_rate", "pad_rate", "score", "accuracy_delta"]
     with pd.option_context("display.width", 200, "display.max_columns", 20):
