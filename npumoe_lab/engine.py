@@ -8,7 +8,7 @@ Every op goes through `self.clock`, which the prefill driver (`runtime.py`) sets
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -100,11 +100,11 @@ class PlanExecutor:
         layout = _layout_with_gaps(E, groups)
         weights = []
         for gs in layout.groups:
-            w = handle.weights.select(gs.experts).contiguous()
+            w = handle.weights.select(gs.experts)
             if gs.resident and self.npu_backend is not None:
-                w = self.npu_backend.compile(handle.layer, gs.group_id, gs.capacity, w)
-            elif gs.resident and self.npu_dtype is not None:
-                w = w.to(self.npu_dtype)
+                w = self.npu_backend.compile(handle.layer, gs.group_id, gs.capacity, w.contiguous())
+            else:   # in process: materialised once, bmm-friendly, in the NPU's precision when it has one
+                w = _bmm_weights(w, self.npu_dtype if gs.resident else None)
             weights.append(w)
         self._static[handle.layer] = (layout, cold, weights)
         return self._static[handle.layer]
@@ -187,6 +187,18 @@ def _layout_with_gaps(n_experts, groups) -> Layout:
 
 def _masked(weights, mask):
     return weights * mask.to(weights.dtype)
+
+
+def _bmm_weights(w, dtype=None):
+    """Group weights as a compiled graph holds them: each matrix stored transposed ([G, N, K] memory viewed as
+    [G, K, N], HF's own F.linear layout, so a contiguous expert range needs no copy at all); oneDNN's bmm reads
+    that B operand faster than row-major on this CPU (bench/RESULTS.md). `dtype`: the NPU's precision."""
+    def mat(t):
+        return t.transpose(1, 2).to(dtype=dtype or t.dtype, memory_format=torch.contiguous_format).transpose(1, 2)
+
+    def vec(t):
+        return None if t is None else t.to(dtype=dtype or t.dtype, memory_format=torch.contiguous_format)
+    return replace(w, gate_up=mat(w.gate_up), down=mat(w.down), b_gate_up=vec(w.b_gate_up), b_down=vec(w.b_down))
 
 
 def _run_group(x, w, out=None, work=None):
