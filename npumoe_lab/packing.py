@@ -131,11 +131,12 @@ def plan_dispatch(top_k_index: torch.Tensor, top_k_weights: torch.Tensor, layout
     real = e_sorted < layout.capacity.numel()
     e_safe = torch.where(real, e_sorted, 0)
     start = torch.cumsum(load, 0) - load
-    rank = torch.arange(e_sorted.numel()) - start[e_safe]
-    keep = real & (rank < layout.capacity[e_safe])
+    dev = expert.device                  # layouts live on the CPU; routing may be on an accelerator
+    rank = torch.arange(e_sorted.numel(), device=dev) - start[e_safe]
+    keep = real & (rank < layout.capacity.to(dev)[e_safe])
     slot = torch.full_like(expert, -1)
-    slot[perm[keep]] = layout.offset[e_safe[keep]] + rank[keep]
-    src_token = torch.full((layout.total_rows,), -1, dtype=torch.long)
+    slot[perm[keep]] = layout.offset.to(dev)[e_safe[keep]] + rank[keep]
+    src_token = torch.full((layout.total_rows,), -1, dtype=torch.long, device=dev)
     src_token[slot[perm[keep]]] = perm[keep] // K
     weight = top_k_weights.reshape(-1).clone()
     dropped = slot < 0
@@ -190,8 +191,25 @@ def scatter(expert_out: torch.Tensor, dispatch: Dispatch, work: torch.Tensor | N
     if dropped.numel():                      # dropped assignments read row 0 (maybe padding): zero them, as
         rows.index_fill_(0, dropped, 0)      # 0 * (garbage/NaN padding) would not be 0
     rows = rows.view(T, K, H)
+    if expert_out.dtype not in (torch.float32, torch.float64) and dispatch.k_order is not None:
+        return _scatter_like_hf_eager(rows, dispatch)
     w = dispatch.weight.view(T, 1, K).to(dtype)
     return torch.bmm(w, rows.to(dtype)).view(T, H)
+
+
+def _scatter_like_hf_eager(rows: torch.Tensor, dispatch: Dispatch) -> torch.Tensor:
+    """Reduced precision (bf16/fp16): add each token's weighted rows one by one in ascending expert id, rounding to
+    the activation dtype after each add - exactly what HF's eager experts do (index_add_ per expert into a bf16
+    buffer). One fp32 sum is more accurate but differs by a rounding that can flip later routing decisions;
+    tests/test_models_parity.py holds every family to HF's bf16 logits with top-k 2 and 4."""
+    T, K, H = rows.shape
+    order = dispatch.k_order
+    w = dispatch.weight.view(T, K).gather(1, order)
+    ordered = rows.gather(1, order.unsqueeze(-1).expand(T, K, H))
+    out = (ordered[:, 0] * w[:, :1]).to(rows.dtype)
+    for k in range(1, K):
+        out = out + (ordered[:, k] * w[:, k:k + 1]).to(rows.dtype)
+    return out
 
 
 class Workspace:
