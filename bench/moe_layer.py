@@ -8,19 +8,19 @@ Variants (all given the same hidden states and routing; the router itself is ide
   static-dropless           the same path, 3 tiers sized to this chunk's own loads (nothing dropped)
   dropless-dynamic          packing.dropless_experts (plain `attach(model)`): capacity = load, one bmm per expert
   bare-gemm                 the 3-tier plan's grouped FFN alone on pre-packed buffers (no dispatch/pack/scatter)
+  static-3tier-bf16         (fp32 runs only) static-3tier with the groups computed in bf16 (`npu_dtype`)
 Routing: per-expert load shares from the bundled tiny model's calibration (`data/models/npumoe-tiny`, one layer's
 shares stretched to E experts) or, without it, a Zipf-like fallback; each token draws K distinct experts.
 Roofline = max(useful FLOPs / measured dense GEMM peak, weights of the experts touched / measured read bandwidth),
 useful FLOPs = 6*H*I per routed assignment. Timings are medians over interleaved repeats (variants rotate each
 repeat so machine noise hits them alike). `--only calib|prefill` runs bench/prefill.py's parts.
 
-    .venv/bin/python bench/moe_layer.py                       # acceptance set: qwen3 geometry, bf16, chunks 512 2048
+    .venv/bin/python bench/moe_layer.py          # acceptance set: qwen3 geometry, bf16, chunks 512 2048, calib, prefill
     .venv/bin/python bench/moe_layer.py --geometry all --dtypes fp32,bf16 --chunks 256,512,1024,4096
 """
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import subprocess
 import sys
@@ -38,7 +38,9 @@ GEOMETRIES = {  # expert geometry of the real models (E experts, top-K, hidden H
     "olmoe": dict(family="olmoe", E=64, K=8, H=2048, I=1024),
 }
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-ZIPF = (1.0, 8.0)  # fallback shares ~ (rank + 8)^-1: Gini 0.43, hottest expert 5.5x the mean
+# fallback shares ~ (rank + 14)^-1: the hottest expert gets 3.9x the mean load, the skew of the trained tiny
+# model (ENVIRONMENT.md section 7: max/mean 3.4-5.5 per layer, 3.8 in layer 0 of run A); Gini 0.36
+ZIPF = (1.0, 14.0)
 
 
 # -- timing -------------------------------------------------------------------------------------------------
@@ -63,12 +65,17 @@ def med_iqr(ts):
 
 
 def measure_peaks(dtype, repeats: int = 5) -> tuple[float, float]:
-    """(dense GEMM FLOP/s in dtype, memory read bytes/s), measured now on this machine."""
+    """(dense GEMM FLOP/s in dtype, memory read bytes/s), measured now on this machine. The GEMM peak is the best
+    of mm/bmm with row-major or transposed B (torch's CPU kernels differ a lot between these forms)."""
     a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 3072, dtype=dtype)
-    ts = time_interleaved({"gemm": lambda: a @ b}, repeats)["gemm"]
+    A, B = a.view(2, 1024, 2048), b.expand(2, 2048, 3072)
+    bt, Bt = b.t().contiguous().t(), b.t().contiguous().t().expand(2, 2048, 3072)
+    forms = {"mm": lambda: a @ b, "mm_tB": lambda: a @ bt, "bmm": lambda: torch.bmm(A, B),
+             "bmm_tB": lambda: torch.bmm(A, Bt)}
+    best = min(min(v) for v in time_interleaved(forms, repeats).values())
     big = torch.ones(64 * 2**20, dtype=torch.float32)           # 256 MB, far beyond the caches
     rs = time_interleaved({"read": lambda: big.sum()}, repeats)["read"]
-    return 2 * 2048 * 2048 * 3072 / min(ts), big.numel() * 4 / min(rs)
+    return 2 * 2048 * 2048 * 3072 / best, big.numel() * 4 / min(rs)
 
 
 # -- routing ------------------------------------------------------------------------------------------------
@@ -126,15 +133,27 @@ def counts_of(idx, E):
     return np.bincount(idx.reshape(-1).numpy(), minlength=E)
 
 
-def build_plan(per_chunk_counts, chunk, K, E, H, I, rule="optimal", percentile=90.0, group_size=16, layer=0):
-    """A plan dict with one layer: 3 capacity tiers (assign_tiers) and groups of same-tier experts."""
+PERCENTILES = (50, 60, 70, 75, 80, 85, 90, 95, 100)
+
+
+def build_plan(per_chunk_counts, chunk, K, E, H, I, rule="optimal", percentile=None, group_size=16, layer=0,
+               drop_budget=0.02):
+    """A plan dict with one layer: 3 capacity tiers (assign_tiers) and groups of same-tier experts.
+    percentile=None: the lowest of PERCENTILES whose tiers, fitted on half of the calibration chunks, drop at most
+    drop_budget on the other half (held out, so the choice is not fooled by sampling noise); the final tiers are
+    fitted on all chunks. Padding costs compute on every chunk, so the planner trades a little accuracy for it."""
     from npumoe_lab.grouping import make_groups
-    from npumoe_lab.tiers import assign_tiers
-    ta = assign_tiers(per_chunk_counts, chunk, K, E, n_tiers=3, percentile=percentile, rule=rule)
-    groups = make_groups(ta.tier, ta.capacity, np.asarray(per_chunk_counts).mean(1), group_size, hidden=H,
-                         intermediate=I)
+    from npumoe_lab.tiers import assign_tiers, expected_drop_rate
+    counts = np.asarray(per_chunk_counts)
+    fit, held = (counts[:, ::2], counts[:, 1::2]) if counts.shape[1] >= 4 else (counts, counts)
+    pct = percentile
+    if pct is None:
+        pct = next((p for p in PERCENTILES if expected_drop_rate(
+            assign_tiers(fit, chunk, K, E, n_tiers=3, percentile=p, rule=rule), held) <= drop_budget), 100)
+    ta = assign_tiers(counts, chunk, K, E, n_tiers=3, percentile=pct, rule=rule)
+    groups = make_groups(ta.tier, ta.capacity, counts.mean(1), group_size, hidden=H, intermediate=I)
     lp = {"layer": layer, "n_experts": E, "top_k": K, "tier_capacities": list(ta.tier_capacities),
-          "groups": [{**g.to_dict(), "resident": True} for g in groups]}
+          "percentile": pct, "groups": [{**g.to_dict(), "resident": True} for g in groups]}
     return {"saliency": "weight_x_norm", "renormalize": False, "layers": [lp]}, ta
 
 
@@ -190,13 +209,15 @@ def bench_layer(gname, dtype_name, chunks, args, shares, peaks) -> list[dict]:
         calib = sample_chunks(shares, T, K, args.calib_chunks + 1, args.seed + T, dtype)
         (idx, w), calib = calib[0], calib[1:]
         counts = np.stack([counts_of(i, E) for i, _ in calib], 1)
-        plan, ta = build_plan(counts, T, K, E, H, I, args.tier_rule, args.percentile, args.group_size)
+        plan, ta = build_plan(counts, T, K, E, H, I, args.tier_rule, args.percentile, args.group_size,
+                              drop_budget=args.drop_budget)
         load = counts_of(idx, E)
         plan_dl, _ = build_plan(load[:, None], T, K, E, H, I, args.tier_rule, 100.0, args.group_size)
         hidden = torch.randn(T, H, generator=torch.Generator().manual_seed(args.seed), dtype=torch.float32).to(dtype)
         clock = TimingClock()
         static = PlanExecutor(plan, [handle], clock=clock)
         static_dl = PlanExecutor(plan_dl, [handle])
+        static_bf16 = PlanExecutor(plan, [handle], npu_dtype=torch.bfloat16) if dtype != torch.bfloat16 else None
         layout, _, gweights = static._compiled(handle)
         disp, _ = plan_dispatch(idx, w, layout)
         packed, work, out = pack(hidden, disp), Workspace(), torch.empty(layout.total_rows, H, dtype=dtype)
@@ -217,6 +238,8 @@ def bench_layer(gname, dtype_name, chunks, args, shares, peaks) -> list[dict]:
                "static-dropless": lambda: static_dl(handle, hidden, idx, w),
                "dropless-dynamic": lambda: dropless_experts(handle.weights, hidden, idx, w),
                "bare-gemm": bare}
+        if static_bf16 is not None:   # the "NPU" computes in bf16 (weights cast once per plan) on fp32 activations
+            fns["static-3tier-bf16"] = lambda: static_bf16(handle, hidden, idx, w)
         if args.variants:
             fns = {k: v for k, v in fns.items() if k in args.variants.split(",") or k.startswith("hf-")}
         with torch.no_grad():
@@ -232,6 +255,7 @@ def bench_layer(gname, dtype_name, chunks, args, shares, peaks) -> list[dict]:
         t_static = statistics.median(ts["static-3tier"]) if "static-3tier" in ts else float("nan")
         share = {k: statistics.median(v) / t_static for k, v in clock.times.items()}
         meta = dict(geometry=gname, dtype=dtype_name, chunk=T, tiers=tuple(ta.tier_capacities),
+                    percentile=plan["layers"][0]["percentile"],
                     n_groups=len(layout.groups), slots=layout.total_rows, routed=T * K,
                     drop_pct=100 * st.dropped / max(st.routed, 1), pad_pct=100 * st.padded / max(st.slots, 1),
                     pack_scatter_pct=100 * (share.get("pack", 0) + share.get("scatter", 0)),
@@ -245,13 +269,14 @@ def bench_layer(gname, dtype_name, chunks, args, shares, peaks) -> list[dict]:
                              vs_grouped=t_g / m, gflops=flops / m / 1e9, pct_peak=100 * flops / m / peak,
                              vs_roofline=m / roof))
         print_config(rows[-len(ts):], sys.stderr)
-        del static, static_dl, gweights, packed, out, work
+        del static, static_dl, static_bf16, gweights, packed, out, work
     return rows
 
 
 def print_config(rows, f=sys.stdout):
     r = rows[0]
-    print(f"## {r['geometry']} {r['dtype']} chunk {r['chunk']}: tiers {r['tiers']}, {r['n_groups']} groups, "
+    print(f"## {r['geometry']} {r['dtype']} chunk {r['chunk']}: tiers {r['tiers']} (p{r['percentile']:g}), "
+          f"{r['n_groups']} groups, "
           f"{r['slots']} slots for {r['routed']} routed (pad {r['pad_pct']:.1f}%, drop {r['drop_pct']:.2f}%), "
           f"{r['experts_touched']} experts touched; pack+scatter {r['pack_scatter_pct']:.1f}% / dispatch "
           f"{r['dispatch_pct']:.1f}% of static-3tier; roofline {r['roofline_ms']:.1f} ms ({r['roof_bound']}-bound, "
@@ -284,7 +309,7 @@ def provenance(threads) -> str:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="layer", help="comma list of layer, calib, prefill, or 'all'")
+    p.add_argument("--only", default="all", help="comma list of layer, calib, prefill, or 'all'")
     p.add_argument("--geometry", default="qwen3-30b-a3b", help=f"comma list of {list(GEOMETRIES)} or 'all'")
     p.add_argument("--chunks", default="512,2048", help="tokens per chunk (comma list)")
     p.add_argument("--dtypes", default="bf16", help="comma list of bf16, fp32")
@@ -292,11 +317,14 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--variants", default="", help="subset of layer variants (HF ones always run)")
     p.add_argument("--tier-rule", default="optimal", help="assign_tiers rule (tiered|optimal|uniform|max_observed)")
-    p.add_argument("--percentile", type=float, default=90.0)
-    p.add_argument("--group-size", type=int, default=16)
+    p.add_argument("--percentile", type=float, default=None, help="tier percentile (default: by --drop-budget)")
+    p.add_argument("--drop-budget", type=float, default=0.02, help="max drop rate on the calibration chunks")
+    p.add_argument("--group-size", type=int, default=128,
+                   help="experts per group (make_groups caps it to the tier and to 65536 // intermediate)")
     p.add_argument("--calib-chunks", type=int, default=16, help="chunks of sampled routing to calibrate tiers on")
     p.add_argument("--prompts", default="512,2048", help="prefill prompt lengths")
     p.add_argument("--prefill-layers", type=int, default=4)
+    p.add_argument("--prefill-drop-budget", type=float, default=0.005, help="held-out drop budget of the prefill plan")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="", help="also write the markdown report here")
     return p.parse_args(argv)

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -53,8 +53,7 @@ pd.DataFrame([vars(s) for s in nl.describe(m)])
 sample = nl.get_workload(workload).samples(tok, prompt_len, 1, seed)[0]
 ids = torch.tensor([sample.input_ids])
 records = nl.capture_routing(m, ids)
-pd.DataFrame({f"layer {r.layer}": torch.bincount(r.topk_idx.flatten(), minlength=r.router_logits.shape[1]).numpy()
-              for r in records}).rename_axis("expert").T   # assignments per expert, this prompt
+demo.routing_counts(records)    # assignments per expert and layer, this prompt
 
 # %% [markdown]
 # ## 2. The workbench's dropless experts path equals HF's own experts

@@ -178,37 +178,41 @@ def scatter(expert_out: torch.Tensor, dispatch: Dispatch, work: torch.Tensor | N
     """[R, H] expert outputs -> [T, H]: weighted sum over each token's kept assignments, deterministic, in the
     promoted dtype of outputs and weights (like HF). `work`: optional reusable [S, H] gather buffer.
 
-    One gather of the S = T*K assignment rows, then one batched [1, K] x [K, H] product per token (the GEMM
-    accumulates in fp32 and rounds once; a multiply-then-sum pass would write and re-read [S, H] again)."""
+    One gather of the S = T*K assignment rows (in each token's ascending expert-id order for reduced precision),
+    then fp32/fp64: one batched [1, K] x [K, H] product per token (fp32 accumulation, one rounding);
+    bf16/fp16: HF eager's own accumulation (see _accumulate_like_hf_eager)."""
     R, H = expert_out.shape
     T, K = dispatch.n_tokens, dispatch.top_k
     dtype = torch.promote_types(expert_out.dtype, dispatch.weight.dtype)
     if R == 0 or T == 0:                     # nothing was packed: every assignment was dropped
         return expert_out.new_zeros(T, H, dtype=dtype)
-    rows = torch.index_select(expert_out, 0, dispatch.slot.clamp_min(0),
-                              out=work if _no_autograd(expert_out) else None)
-    dropped = torch.nonzero(dispatch.slot < 0).flatten()
+    hf_order = expert_out.dtype not in (torch.float32, torch.float64) and dispatch.k_order is not None
+    slot, weight = dispatch.slot.view(T, K), dispatch.weight.view(T, K)
+    if hf_order:      # order the small [T, K] indices, not the [T, K, H] rows; k-major: contiguous [T, H] slabs
+        slot, weight = slot.gather(1, dispatch.k_order).t(), weight.gather(1, dispatch.k_order).t()
+    slot = slot.reshape(-1)
+    rows = torch.index_select(expert_out, 0, slot.clamp_min(0), out=work if _no_autograd(expert_out) else None)
+    dropped = torch.nonzero(slot < 0).flatten()
     if dropped.numel():                      # dropped assignments read row 0 (maybe padding): zero them, as
         rows.index_fill_(0, dropped, 0)      # 0 * (garbage/NaN padding) would not be 0
-    rows = rows.view(T, K, H)
-    if expert_out.dtype not in (torch.float32, torch.float64) and dispatch.k_order is not None:
-        return _scatter_like_hf_eager(rows, dispatch)
-    w = dispatch.weight.view(T, 1, K).to(dtype)
-    return torch.bmm(w, rows.to(dtype)).view(T, H)
+    if hf_order:
+        return _accumulate_like_hf_eager(rows.view(K, T, H), weight)
+    return torch.bmm(weight.view(T, 1, K).to(dtype), rows.view(T, K, H).to(dtype)).view(T, H)
 
 
-def _scatter_like_hf_eager(rows: torch.Tensor, dispatch: Dispatch) -> torch.Tensor:
-    """Reduced precision (bf16/fp16): add each token's weighted rows one by one in ascending expert id, rounding to
-    the activation dtype after each add - exactly what HF's eager experts do (index_add_ per expert into a bf16
-    buffer). One fp32 sum is more accurate but differs by a rounding that can flip later routing decisions;
-    tests/test_models_parity.py holds every family to HF's bf16 logits with top-k 2 and 4."""
-    T, K, H = rows.shape
-    order = dispatch.k_order
-    w = dispatch.weight.view(T, K).gather(1, order)
-    ordered = rows.gather(1, order.unsqueeze(-1).expand(T, K, H))
-    out = (ordered[:, 0] * w[:, :1]).to(rows.dtype)
-    for k in range(1, K):
-        out = out + (ordered[:, k] * w[:, k:k + 1]).to(rows.dtype)
+def _accumulate_like_hf_eager(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Reduced precision (bf16/fp16), rows [K, T, H] already in each token's ascending expert-id order: multiply
+    by the weights (one rounding to the activation dtype per product), then add the K rows one by one rounding
+    after each add - exactly what HF's eager experts do (index_add_ per expert into a bf16 buffer). One fp32 sum
+    is more accurate but differs by a rounding that can flip later routing decisions; tests/test_models_parity.py
+    holds every family to HF's bf16 logits with top-k 2 and 4. K whole-tensor adds, no per-expert loop."""
+    if _no_autograd(rows, w):
+        p = torch.mul(rows, w.unsqueeze(-1), out=rows)          # in place: no [K, T, H] temporary
+    else:
+        p = (rows * w.unsqueeze(-1)).to(rows.dtype)
+    out = p[0].clone()
+    for k in range(1, rows.shape[0]):
+        out.add_(p[k])
     return out
 
 

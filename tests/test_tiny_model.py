@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL = ROOT / "data" / "models" / "npumoe-tiny"
+MODEL = Path(os.environ.get("NPUMOE_TINY_MODEL", ROOT / "data" / "models" / "npumoe-tiny"))
 TEXT = ROOT / "data" / "text"
 DOMAINS = ("scripture", "drama", "pydocs", "code")
 

@@ -4,8 +4,8 @@ The demo: calibrate the bundled tiny model, build the plans (profile + plan JSON
 the small ablation sweep `sweeps/demo.yaml` (notebook 05_baselines: every variant, measured on this CPU and modeled
 on M2 Max) through `run_sweep`, draw every figure with `make_all_figures`, and write `SUMMARY.md`.
 
-Notebook helpers (kept here so notebooks stay thin): `model_label`, `dropless_parity`, `prefill_rows`,
-`run_knob_sweep`, `calibrate_workloads`, `skew_table`, `hot_set_stability`, `maybe_write`.
+Notebook helpers (kept here so notebooks stay thin): `model_label`, `load`, `routing_counts`, `dropless_parity`,
+`prefill_rows`, `run_knob_sweep`, `calibrate_workloads`, `skew_table`, `hot_set_stability`, `maybe_write`.
 """
 from __future__ import annotations
 
@@ -21,6 +21,16 @@ from ..errors import NpuMoeError
 from ..utils import REPO_ROOT
 
 DEMO_SWEEP = REPO_ROOT / "sweeps" / "demo.yaml"
+FIGURE_NOTES = {
+    "baselines": "TTFT, energy per token, CPU cycles per variant (paper main figure); `baselines-<platform>` one "
+                 "platform each",
+    "ablation": "TTFT speedup of npumoe-base -> -t -> -tg -> npumoe over npumoe-base, paper's values as black ticks",
+    "accuracy": "accuracy delta vs the dropless reference against drop rate (bootstrap CI)",
+    "tiers": "padding vs drop rate per configuration",
+    "grouping": "group size vs TTFT / energy / NPU calls",
+    "residency": "hot threshold vs TTFT / energy",
+    "popularity": "calibration: load share per expert and layer",
+}
 SUMMARY_COLUMNS = ("ttft_s", "energy_per_token_mj", "cpu_cycles", "n_npu_calls", "drop_rate", "score")
 
 
@@ -38,6 +48,16 @@ def load(model="tiny"):
         raise NpuMoeError(f"model {model!r} has no tokenizer files; the notebooks need a checkpoint with a "
                           "tokenizer (the bundled 'tiny' model has one)")
     return m, tok
+
+
+def routing_counts(records) -> pd.DataFrame:
+    """Assignments per expert (columns) per MoE layer (rows) from `capture_routing` records (real tokens only)."""
+    import torch
+    out = {}
+    for r in records:
+        idx = r.topk_idx[r.token_mask] if getattr(r, "token_mask", None) is not None else r.topk_idx
+        out[f"layer {r.layer}"] = torch.bincount(idx.flatten(), minlength=r.router_logits.shape[1]).numpy()
+    return pd.DataFrame(out).rename_axis("expert").T
 
 
 def dropless_parity(model, input_ids) -> dict:
@@ -179,12 +199,39 @@ def summary_markdown(df: pd.DataFrame, sources: dict) -> str:
     return "\n".join(lines)
 
 
+def _plan_check(df: pd.DataFrame, saved: dict) -> str:
+    used = set(df["plan_hash"].dropna()) - {"None", "nan"} if "plan_hash" in df else set()
+    missing = used - set(saved)
+    if not used:
+        return "none recorded"
+    if missing:
+        return f"{len(used)} distinct; {len(missing)} NOT among the saved plans (built with other knobs)"
+    return f"{len(used)} distinct, each identical (hash) to a saved plan in `plans/`"
+
+
+def _archive_stale_sweep(sweep_dir: Path, fingerprint: str) -> None:
+    """A re-run resumes the sweep (cells with DONE.json are skipped), but rows of another model (e.g. before the
+    tiny model was retrained) must not be mixed in: move such a sweep folder aside to `_previous/`."""
+    from .store import load_results
+    if not sweep_dir.is_dir():
+        return
+    try:
+        old = set(load_results(sweep_dir)["model_fingerprint"].dropna())
+    except (NpuMoeError, KeyError):
+        return
+    if old and old != {fingerprint}:
+        dest = sweep_dir.parent / "_previous" / time.strftime("sweep-%Y%m%d-%H%M%S")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        sweep_dir.rename(dest)
+        print(f"[demo] {sweep_dir} holds rows of another model; moved to {dest}", flush=True)
+
+
 def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
     import yaml
 
-    from ..models import load_model
+    from ..models import load_model, model_fingerprint
     from ..plan import variant_plan
-    from ..plots import make_all_figures
+    from ..plots import make_all_figures, plot_baselines, save_figure
     from ..variants import VARIANTS
     from .runner import calibration_profile
     from .store import load_results
@@ -201,6 +248,7 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
     model, tok = load_model(model_name)
     print(f"[demo] calibrating {model_name} ({p.get('calib_workload', 'mixed')}, "
           f"{p.get('calib_tokens', 8192)} tokens) and building plans ...", flush=True)
+    saved_plans = {}
     for c in chunks:
         # the runner's cached calibration: the sweep's cells load this very profile instead of recalibrating
         prof = calibration_profile(model, tok, p.get("calib_workload", "mixed"), c, p.get("calib_tokens", 8192),
@@ -212,6 +260,8 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
                 # as run_experiment builds it (default knobs: cost-based residency)
                 plan = variant_plan(prof, v.name, model, platform=plat, residency="cost")
                 plan.save(out / "plans" / f"{v.name}-{plat}-chunk{c}.json")
+                saved_plans[plan.hash] = f"{v.name}-{plat}-chunk{c}.json"
+    _archive_stale_sweep(out / "sweep", model_fingerprint(model))
     del model
     print(f"[demo] running the sweep {sweep} ({len(spec.cells())} cells) ...", flush=True)
     report = run_sweep(sweep, out / "sweep", workers=workers)
@@ -219,22 +269,35 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
     if not report.ok and not report.done and not report.skipped:
         raise NpuMoeError(f"every cell of the demo sweep failed; see {out / 'sweep' / 'cells'}/*/executed.ipynb")
     print("[demo] drawing figures ...", flush=True)
-    figs = make_all_figures(out / "sweep", out / "figures")
+    # the whole output folder: the sweep's rows + the calibration profiles (-> popularity heatmaps)
+    figs = make_all_figures(out, out / "figures")
     df = load_results(out / "sweep")
-    sources = {"model": f"`{model_name}` (data/models/npumoe-tiny)",
+    # one baselines figure per platform too: measured host seconds next to modeled milliseconds on one linear
+    # axis hide the modeled bars
+    for plat, g in df.groupby("platform"):
+        figs += save_figure(plot_baselines(g), out / "figures", f"baselines-{plat}")
+    sources = {"model": f"`{model_name}`" + (" (the bundled data/models/npumoe-tiny)" if model_name == "tiny" else ""),
                "sweep": f"`{Path(sweep).relative_to(REPO_ROOT) if Path(sweep).is_relative_to(REPO_ROOT) else sweep}`"
                         f" -> `{out / 'sweep'}` ({len(report.done) + len(report.skipped)} cells ok, "
                         f"{len(report.failed)} failed)",
                "sweep parameters": "`" + yaml.safe_dump({**spec.parameters, **spec.grid}, default_flow_style=True,
                                                          width=400).strip() + "`",
-               "calibration profiles / plans": f"`{out / 'profiles'}`, `{out / 'plans'}`",
+               "calibration profiles / plans": f"`{out / 'profiles'}`, `{out / 'plans'}` (the plan of every "
+                                               "plan-based variant and platform, built as `run_experiment` builds it)",
+               "plans used by the sweep": _plan_check(df, saved_plans),
                "figures": f"`{out / 'figures'}` ({len(figs) if figs is not None else 0} files)",
                "host": df["host"].iloc[0] if "host" in df else "?",
                "git commit": df["git_commit"].iloc[0] if "git_commit" in df else "?",
                "wall time of the demo": f"{time.time() - t0:.0f} s"}
     path = out / "SUMMARY.md"
-    path.write_text(summary_markdown(df, sources))
+    pngs = sorted(p.name for p in figs if p.suffix == ".png")
+    path.write_text(summary_markdown(df, sources) + "\n## Figures (`figures/`, PNG + PDF)\n\n"
+                    + "\n".join(f"- `{n}`: {FIGURE_NOTES.get(n.split('.')[0].split('-')[0], '')}" for n in pngs)
+                    + "\n")
     print(f"[demo] done in {time.time() - t0:.0f} s: {path}", flush=True)
+    if not report.ok:
+        raise NpuMoeError(f"{len(report.failed)} sweep cell(s) failed (the summary covers the others); see "
+                          f"{out / 'sweep' / 'cells'}/<cell>/executed.ipynb and re-run to retry them")
     return path
 
 

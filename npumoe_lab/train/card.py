@@ -99,7 +99,7 @@ def workload_scores(model, tok, lens, n, names=("ruler-multikey", "ruler-vt", "f
             t = time.time()
             r = evaluate(model, tok, w, L, n, seed=0)
             row = {"workload": name, "prompt_len": L, "n": n, "metric": w.metric, "mean": r["mean"],
-                   "chance": w.chance, "seconds": round(time.time() - t, 1)}
+                   "chance": None if w.chance != w.chance else w.chance, "seconds": round(time.time() - t, 1)}
             if w.kind != "perplexity":
                 row["stderr"] = math.sqrt(max(r["mean"] * (1 - r["mean"]), 0) / n)
             else:

@@ -55,13 +55,16 @@ def parse_stages(spec: str) -> list[tuple[int, float]]:
 class Mixture:
     """Draws training sequences: natural text or a synthetic task (answer-token mask marks up-weighted targets)."""
 
-    def __init__(self, tok, tokens: dict[str, np.ndarray], synth_frac: float, seed: int):
+    def __init__(self, tok, tokens: dict[str, np.ndarray], synth_frac: float, seed: int,
+                 task_weights: dict[str, float] | None = None):
         from ..workloads.base import Haystack, newline_ids
         self.tok, self.tokens, self.synth_frac = tok, tokens, synth_frac
         self.hay = Haystack(tokens, newline_ids(tok))
         self.rng = random.Random(f"train-mixture:{seed}")
         self.bos = [tok.bos_token_id]
         self.domains = sorted(tokens)
+        self.task_weights = task_weights or {"multikey": 0.4, "vt": 0.4, "fewshot": 0.2}
+        self.max_queries = 4
 
     def natural(self, L):
         d = self.rng.choice(self.domains)
@@ -71,9 +74,9 @@ class Mixture:
     def synthetic(self, L, task=None):
         from ..workloads import fewshot, ruler
         r = self.rng
-        task = task or r.choices(["multikey", "vt", "fewshot"], weights=[0.4, 0.4, 0.2])[0]
+        task = task or r.choices(list(self.task_weights), weights=list(self.task_weights.values()))[0]
         if task == "multikey":
-            nq = r.randint(1, 4)
+            nq = r.randint(1, self.max_queries)
             t = ruler.build_multikey(self.tok, r, self.hay, L, n_needles=r.randint(max(2, nq), 6), n_queries=nq,
                                      answered_last=True)
             ids, mask = t.training_ids([])
@@ -223,7 +226,11 @@ def train(args) -> int:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"params {n_params / 1e6:.2f} M", flush=True)
 
-    mix = Mixture(tok, tokens, args.synth_frac, args.seed + state["step"])
+    weights = {k: float(v) for k, v in (p.split(":") for p in args.task_weights.split(","))}
+    if set(weights) - {"multikey", "vt", "fewshot"}:
+        raise NpuMoeError(f"--task-weights {args.task_weights!r}: tasks are multikey, vt, fewshot")
+    mix = Mixture(tok, tokens, args.synth_frac, args.seed + state["step"], weights)
+    mix.max_queries = args.max_queries
     # fixed validation: calib split (training corpora), 4 x 512-token windows per domain; probe tasks at 512
     vrng = random.Random(99)
     from ..workloads.base import Haystack, newline_ids
@@ -344,6 +351,9 @@ def add_args(p: argparse.ArgumentParser):
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=60)
     p.add_argument("--synth-frac", type=float, default=0.5, help="share of sequences that are synthetic tasks")
+    p.add_argument("--task-weights", default="multikey:0.4,vt:0.4,fewshot:0.2",
+                   help="shares of the synthetic tasks (default: %(default)s)")
+    p.add_argument("--max-queries", type=int, default=4, help="answered multi-key queries per sequence: 1..N")
     p.add_argument("--answer-weight", type=float, default=4.0, help="extra loss weight of answer tokens")
     p.add_argument("--probe-len", type=int, default=512)
     p.add_argument("--eval-minutes", type=float, default=4.0)

@@ -72,12 +72,22 @@ def bos_id(tokenizer) -> list[int]:
     return []
 
 
-_NL_CACHE: dict[int, frozenset] = {}
+def _cache(tokenizer) -> dict:
+    """Per-tokenizer cache stored on the tokenizer object (an id()-keyed dict could outlive the object)."""
+    c = getattr(tokenizer, "_npumoe_cache", None)
+    if c is None:
+        c = {}
+        try:
+            object.__setattr__(tokenizer, "_npumoe_cache", c)
+        except (AttributeError, TypeError):
+            pass
+    return c
 
 
 def newline_ids(tokenizer) -> frozenset:
     """Token ids whose text contains a newline followed only by spaces (insertion points at line starts)."""
-    key = id(tokenizer)
+    _NL_CACHE = _cache(tokenizer)
+    key = "newline_ids"
     if key not in _NL_CACHE:
         vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
         ids = []
@@ -140,13 +150,11 @@ class Haystack:
         return out, starts
 
 
-_EVAL_HAY: dict[tuple, Haystack] = {}
-
-
 def eval_haystack(tokenizer, split: str = "heldout") -> Haystack:
     """Haystack from the bundled data/text/<domain>/<split>.txt (never seen in training)."""
     from ..train.corpora import bundled_text
-    key = (id(tokenizer), split)
+    _EVAL_HAY = _cache(tokenizer)
+    key = ("eval_haystack", split)
     if key not in _EVAL_HAY:
         _EVAL_HAY[key] = Haystack.from_texts(tokenizer, {d: bundled_text(d, split) for d in DOMAINS})
     return _EVAL_HAY[key]

@@ -13,10 +13,10 @@ SNIPPET = 40  # tokens per shot passage
 
 
 def build_fewshot(tok, rng: random.Random, hay: Haystack, total_len: int, snippet: int = SNIPPET,
-                  query_domain: str | None = None, n_answered: int = 0):
-    """Returns (ids, label_index, answered_spans). ids = bos intro shots... 'Passage: <q>\\nSource:'; exactly
-    total_len tokens. n_answered > 0 (training) additionally asks for n_answered extra answered shots at the end
-    (all within total_len); answered_spans marks the label token spans of every shot (targets)."""
+                  query_domain: str | None = None):
+    """Returns (ids, label_index, label_spans, n_shots). ids = bos intro, shots 'Passage: <snippet>\\nSource:
+    <label>\\n\\n' (as many as fit), then 'Passage: <query>\\nSource:'; exactly total_len tokens (the query
+    passage takes the remainder). label_spans: token spans of the shots' labels (training targets)."""
     p_ids, s_ids, sep = encode(tok, "Passage: "), encode(tok, "\nSource:"), encode(tok, "\n\n")
     label_ids = {d: encode(tok, LABELS[d]) for d in DOMAINS}
     shot_len = len(p_ids) + snippet + len(s_ids) + max(map(len, label_ids.values())) + len(sep)

@@ -1,0 +1,211 @@
+"""JupyterLab in a real browser: start `jupyter lab` on localhost, open 00_quickstart.ipynb in headless Chromium
+(Debian's chromium + chromedriver, driven by selenium), Run -> Run All Cells, wait for the kernel to finish, and
+check that every code cell ran, none raised, and the figures rendered as images.
+
+Needs /usr/bin/chromium and /usr/bin/chromedriver (CI installs them: .ci/run); skipped with the reason otherwise.
+Installs nothing. The notebook is copied into a temporary root with tiny parameters injected (papermill
+--prepare-only), so the run takes well under two minutes.
+"""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from npumoe_lab.utils import REPO_ROOT
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+JUPYTER = Path(sys.executable).parent / "jupyter"
+NOTEBOOK = "00_quickstart"
+MODEL = os.environ.get("NPUMOE_NOTEBOOK_TEST_MODEL", "tiny")   # another checkpoint folder: test against it
+TINY = dict(model=MODEL, prompt_len=256, chunk=128, calib_tokens=1024)
+RUN_TIMEOUT_S = 240
+STDERR = ".jp-OutputArea [data-mime-type='application/vnd.jupyter.stderr']"   # stderr streams and tracebacks
+
+
+def _requirements_or_skip():
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    if missing:
+        pytest.skip(f"browser test needs Debian's chromium and chromium-driver ({', '.join(missing)} missing); "
+                    "install them with `apt-get install chromium chromium-driver` (.ci/run does)")
+    pytest.importorskip("selenium", reason="selenium is not installed in the venv")
+    if not JUPYTER.exists():
+        pytest.skip(f"jupyter is not installed next to {sys.executable}")
+    from npumoe_lab.models import TINY_MODEL_DIR
+    if MODEL == "tiny" and not (TINY_MODEL_DIR / "config.json").is_file():
+        pytest.skip(f"the bundled tiny model is not built yet ({TINY_MODEL_DIR})")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _prepare_root(root: Path) -> None:
+    """The notebook with the tiny parameters injected (not executed), plus lab settings for a headless run."""
+    import papermill
+    papermill.execute_notebook(str(REPO_ROOT / "notebooks" / f"{NOTEBOOK}.ipynb"), str(root / f"{NOTEBOOK}.ipynb"),
+                               parameters=TINY, prepare_only=True, kernel_name="python3", progress_bar=False)
+    settings = root / ".lab" / "settings"
+    (settings / "@jupyterlab" / "notebook-extension").mkdir(parents=True)
+    (settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True)
+    # every cell in the DOM (no virtual scrolling), no news/update toasts over the menus
+    (settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings").write_text(
+        '{"windowingMode": "none"}')
+    (settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings").write_text(
+        '{"fetchNews": "false", "checkForUpdates": false}')
+
+
+@pytest.fixture
+def jupyterlab(tmp_path):
+    """(url of the notebook with the token, the server's root folder, its log); the server is killed afterwards."""
+    _requirements_or_skip()
+    root = tmp_path / "root"
+    root.mkdir()
+    _prepare_root(root)
+    port, token = _free_port(), secrets.token_hex(16)
+    env = dict(os.environ, NPUMOE_NO_PROGRESS="1", NPUMOE_CACHE=str(tmp_path / "cache"),
+               JUPYTER_CONFIG_DIR=str(tmp_path / "jupyter-config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"))
+    # kernels import this checkout's package whatever their working directory
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    log = tmp_path / "jupyterlab.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            [str(JUPYTER), "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--port-retries=0",
+             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False",
+             *(["--allow-root"] if os.geteuid() == 0 else []),
+             f"--LabApp.user_settings_dir={root / '.lab' / 'settings'}",
+             f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}",
+             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+            stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=root, start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={token}", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                pytest.fail(f"jupyter lab did not start (exit {proc.poll()}):\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}/lab/tree/{NOTEBOOK}.ipynb?token={token}", root, log
+    finally:
+        try:  # the server and the kernels it started (its own session)
+            os.killpg(proc.pid, 15)
+            proc.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(proc.pid, 9)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def browser(tmp_path):
+    _requirements_or_skip()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = str(CHROMIUM)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--no-first-run", "--window-size=1600,1200", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        opts.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER), log_output=str(tmp_path / "chromedriver.log")),
+                              options=opts)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(tmp_path / "chromium-profile", ignore_errors=True)
+
+
+def _click_menu(driver, wait, menu: str, item: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+
+    wait.until(EC.element_to_be_clickable(
+        (By.XPATH, f"//div[contains(@class,'lm-MenuBar-itemLabel') and normalize-space()='{menu}']"))).click()
+    wait.until(EC.element_to_be_clickable(
+        (By.XPATH, f"//li[contains(@class,'lm-Menu-item')][.//div[contains(@class,'lm-Menu-itemLabel') and "
+                   f"normalize-space()='{item}']]"))).click()
+
+
+def _prompts(driver) -> list[str]:
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputArea-prompt'))"
+        ".map(e => e.textContent.trim());")
+
+
+@pytest.mark.slow
+def test_quickstart_runs_in_jupyterlab(jupyterlab, browser):
+    import nbformat
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    url, root, log = jupyterlab
+    wait = WebDriverWait(browser, 90)
+    browser.get(url)
+    wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, ".jp-Notebook .jp-CodeCell")))
+    # the kernel is up (the toolbar's kernel status) before we run anything
+    wait.until(lambda d: d.execute_script(
+        "const e = document.querySelector('.jp-Notebook-ExecutionIndicator');"
+        "return e && e.getAttribute('data-status') === 'idle';"))
+    n_code = sum(c.cell_type == "code" for c in nbformat.read(root / f"{NOTEBOOK}.ipynb", as_version=4).cells)
+    assert n_code >= 8
+    wait.until(lambda d: len(_prompts(d)) == n_code)   # every cell rendered
+    # status bar "Python 3 (ipykernel) | Idle": the session is connected to a kernel that answered
+    wait.until(lambda d: "| Idle" in d.execute_script(
+        "return Array.from(document.querySelectorAll('.jp-StatusBar-Widget')).map(e => e.textContent).join(' ');"))
+    for _ in range(3):  # a Run All issued while the session is still connecting can be lost: then issue it again
+        _click_menu(browser, wait, "Run", "Run All Cells")
+        try:
+            WebDriverWait(browser, 20).until(lambda d: any(p != "[ ]:" for p in _prompts(d)))
+            break
+        except TimeoutException:
+            continue
+
+    deadline, prompts = time.time() + RUN_TIMEOUT_S, []
+    while time.time() < deadline:
+        prompts = _prompts(browser)
+        busy = browser.execute_script(
+            "const e = document.querySelector('.jp-Notebook-ExecutionIndicator');"
+            "return e ? e.getAttribute('data-status') : 'none';")
+        done = all(re.fullmatch(r"\[\d+\]:", p) for p in prompts)
+        errors = browser.find_elements(By.CSS_SELECTOR, STDERR)
+        if done and busy == "idle":
+            break
+        if any("Traceback" in e.text for e in errors):
+            break
+        time.sleep(1)
+    browser.save_screenshot(str(root.parent / "jupyterlab.png"))   # kept in pytest's tmp folder for a look
+    tracebacks = [e.text[:800] for e in browser.find_elements(By.CSS_SELECTOR, STDERR) if "Traceback" in e.text]
+    assert not tracebacks, f"a cell raised in JupyterLab:\n{tracebacks[0]}"
+    assert len(prompts) == n_code and all(re.fullmatch(r"\[\d+\]:", p) for p in prompts), \
+        f"not every cell ran within {RUN_TIMEOUT_S}s: prompts {prompts}\nserver log:\n{log.read_text()[-2000:]}"
+    # the figures (prefill bars + popularity heatmap) rendered as images in output areas
+    imgs = browser.find_elements(By.CSS_SELECTOR, ".jp-OutputArea .jp-RenderedImage img")
+    assert len(imgs) >= 2
+    sizes = [browser.execute_script("return [arguments[0].naturalWidth, arguments[0].naturalHeight];", i)
+             for i in imgs]
+    assert all(w > 100 and h > 100 for w, h in sizes), sizes
+    # the parity cell printed its dict and the measured/modeled rows table rendered
+    text = browser.find_element(By.CSS_SELECTOR, ".jp-Notebook").text
+    assert "'allclose': True" in text and "measured" in text and "modeled" in text
