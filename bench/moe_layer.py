@@ -9,6 +9,8 @@ Variants (all given the same hidden states and routing; the router itself is ide
   dropless-dynamic          packing.dropless_experts (plain `attach(model)`): capacity = load, one bmm per expert
   bare-gemm                 the 3-tier plan's grouped FFN alone on pre-packed buffers (no dispatch/pack/scatter)
   static-3tier-bf16         (fp32 runs only) static-3tier with the groups computed in bf16 (`npu_dtype`)
+  static-groupcaps16        NOT a 3-tier plan: groups of 16 experts (by need), each with its own capacity (less
+                            padding, same number of graphs); shows what the 3-tier quantization costs
 Routing: per-expert load shares from the bundled tiny model's calibration (`data/models/npumoe-tiny`, one layer's
 shares stretched to E experts) or, without it, a Zipf-like fallback; each token draws K distinct experts.
 Roofline = max(useful FLOPs / measured dense GEMM peak, weights of the experts touched / measured read bandwidth),
@@ -157,6 +159,29 @@ def build_plan(per_chunk_counts, chunk, K, E, H, I, rule="optimal", percentile=N
     return {"saliency": "weight_x_norm", "renormalize": False, "layers": [lp]}, ta
 
 
+def build_plan_group_caps(per_chunk_counts, chunk, group=16, drop_budget=0.02, align=8):
+    """Not a 3-tier plan (the comparison that shows what tiering costs): experts sorted by need, cut into groups
+    of `group`, each group its own capacity = its largest need (aligned). On an NPU every group is its own graph
+    anyway, so per-group capacities add no graphs; they only cut padding. Percentile chosen as in build_plan."""
+    from npumoe_lab.tiers import align_up, expected_drop_rate, percentile_need
+    counts = np.asarray(per_chunk_counts)
+    fit, held = (counts[:, ::2], counts[:, 1::2]) if counts.shape[1] >= 4 else (counts, counts)
+
+    def caps(c, pct):
+        need = percentile_need(c, pct)
+        order = np.argsort(-need, kind="stable")
+        cap = np.zeros(len(need), dtype=np.int64)
+        for i in range(0, len(order), group):
+            members = order[i:i + group]
+            cap[members] = min(align_up(chunk, align), max(align, align_up(need[members].max(), align)))
+        return cap, order
+    pct = next((p for p in PERCENTILES if expected_drop_rate(caps(fit, p)[0], held) <= drop_budget), 100)
+    cap, order = caps(counts, pct)
+    groups = [{"id": j, "experts": [int(e) for e in order[i:i + group]], "capacity": int(cap[order[i]]),
+               "resident": True} for j, i in enumerate(range(0, len(order), group))]
+    return {"saliency": "weight_x_norm", "renormalize": False, "layers": [{"layer": 0, "groups": groups}]}
+
+
 def hf_experts(geom, dtype, seed=0):
     """transformers' experts module of the geometry's family, random weights (fan-in scaled)."""
     from transformers import AutoConfig
@@ -218,6 +243,8 @@ def bench_layer(gname, dtype_name, chunks, args, shares, peaks) -> list[dict]:
         static = PlanExecutor(plan, [handle], clock=clock)
         static_dl = PlanExecutor(plan_dl, [handle])
         static_bf16 = PlanExecutor(plan, [handle], npu_dtype=torch.bfloat16) if dtype != torch.bfloat16 else None
+        static_gc = PlanExecutor(build_plan_group_caps(counts, T, 16, args.drop_budget), [handle],
+                                 clock=(gc_clock := TimingClock()))
         layout, _, gweights = static._compiled(handle)
         disp, _ = plan_dispatch(idx, w, layout)
         packed, work, out = pack(hidden, disp), Workspace(), torch.empty(layout.total_rows, H, dtype=dtype)
@@ -237,7 +264,7 @@ def bench_layer(gname, dtype_name, chunks, args, shares, peaks) -> list[dict]:
                "static-3tier": lambda: static(handle, hidden, idx, w),
                "static-dropless": lambda: static_dl(handle, hidden, idx, w),
                "dropless-dynamic": lambda: dropless_experts(handle.weights, hidden, idx, w),
-               "bare-gemm": bare}
+               "bare-gemm": bare, "static-groupcaps16": lambda: static_gc(handle, hidden, idx, w)}
         if static_bf16 is not None:   # the "NPU" computes in bf16 (weights cast once per plan) on fp32 activations
             fns["static-3tier-bf16"] = lambda: static_bf16(handle, hidden, idx, w)
         if args.variants:
@@ -261,7 +288,8 @@ def bench_layer(gname, dtype_name, chunks, args, shares, peaks) -> list[dict]:
                     pack_scatter_pct=100 * (share.get("pack", 0) + share.get("scatter", 0)),
                     dispatch_pct=100 * share.get("dispatch", 0), roofline_ms=1e3 * roof,
                     roof_bound="compute" if flops / peak >= wbytes / bw else "memory",
-                    peak_gflops=peak / 1e9, bw_gbs=bw / 1e9, err=err, experts_touched=int((load > 0).sum()))
+                    peak_gflops=peak / 1e9, bw_gbs=bw / 1e9, err=err, experts_touched=int((load > 0).sum()),
+                    gc=gc_clock.stats)
         t_e, t_g = statistics.median(ts["hf-eager"]), statistics.median(ts["hf-grouped_mm"])
         for name, v in ts.items():
             m, iqr = med_iqr(v)
@@ -269,7 +297,7 @@ def bench_layer(gname, dtype_name, chunks, args, shares, peaks) -> list[dict]:
                              vs_grouped=t_g / m, gflops=flops / m / 1e9, pct_peak=100 * flops / m / peak,
                              vs_roofline=m / roof))
         print_config(rows[-len(ts):], sys.stderr)
-        del static, static_dl, static_bf16, gweights, packed, out, work
+        del static, static_dl, static_bf16, static_gc, gweights, packed, out, work
     return rows
 
 
@@ -288,8 +316,11 @@ def markdown(rows) -> str:
             "% peak | / roofline | drop % | pad % | pack+scatter % |\n|" + "---|" * 14)
     out = [head]
     for r in rows:
+        gc = r["gc"]
         extra = (f"{r['drop_pct']:.2f} | {r['pad_pct']:.1f} | {r['pack_scatter_pct']:.1f}"
-                 if r["variant"] == "static-3tier" else " | | ")
+                 if r["variant"] == "static-3tier" else
+                 f"{100 * gc.dropped / max(gc.routed, 1):.2f} | {100 * gc.padded / max(gc.slots, 1):.1f} | "
+                 if r["variant"] == "static-groupcaps16" and gc is not None else " | | ")
         out.append(f"| {r['geometry']} | {r['dtype']} | {r['chunk']} | {r['variant']} | {r['median_ms']:.1f} | "
                    f"{r['iqr_ms']:.1f} | {r['vs_eager']:.2f}x | {r['vs_grouped']:.2f}x | {r['gflops']:.0f} | "
                    f"{r['pct_peak']:.0f} | {r['vs_roofline']:.2f} | {extra} |")
@@ -374,7 +405,7 @@ class _Lines:
 
     def write(self, s):
         if s.strip():
-            self.lines.append("- " + s.strip())
+            self.lines.append("- " + s.strip().removeprefix("## "))
 
 
 if __name__ == "__main__":

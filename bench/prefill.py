@@ -4,8 +4,10 @@ calibration_overhead: a forward of the tiny model under calibration's RoutingRec
   (what `npumoe_lab.calibration.calibrate` does per chunk) vs the same plain forward, chunk by chunk with the KV
   cache carried. The bundled `data/models/npumoe-tiny` when present, else the same architecture at random init.
 prefill_tokens_per_s: a 4-layer model at Qwen3-30B-A3B geometry (random weights, bf16), one forward per prompt,
-  HF eager / grouped_mm vs the workbench: `attach(model, plan)` with a 3-tier plan calibrated on other prompts,
-  and the dropless path. Implementations are switched on one model (same weights) and timed interleaved.
+  HF eager / grouped_mm vs the workbench: `attach(model, plan)` with a 3-tier plan calibrated on other prompts or
+  fitted to the prompt itself, and the dropless path. Implementations are switched on one model (same weights)
+  and timed interleaved. At random init each prompt has its own hot experts (a prompt-wide common component of
+  the hidden states dominates the router logits), the worst case for a calibrated static plan.
 """
 from __future__ import annotations
 
@@ -78,28 +80,26 @@ def _big_model(layers: int, dtype):
     return model.eval().requires_grad_(False)
 
 
-def _plan_for(model, prompt: int, n_calib: int, args):
-    """3-tier plan per MoE layer from the routing of n_calib other random prompts of the same length. At random
-    init each prompt has its own hot experts (a prompt-wide common component of the hidden states dominates the
-    router logits), so per-expert loads vary a lot between prompts: a tighter held-out drop budget is used."""
+def _plan_for(model, prompts, args, percentile=None):
+    """(a 3-tier plan per MoE layer from the routing of `prompts` ([1, T] ids, all of length T), static slots per
+    routed assignment)."""
     from npumoe_lab.models import describe
     from npumoe_lab.routing import capture_routing
     specs = {s.layer: s for s in describe(model)}
     counts = {layer: [] for layer in specs}
-    g = torch.Generator().manual_seed(1234 + prompt)
     model.set_experts_implementation("grouped_mm")      # routing is the same whichever runs the experts
-    for _ in range(n_calib):
-        ids = torch.randint(3, model.config.vocab_size, (1, prompt), generator=g)
+    for ids in prompts:
         for rec in capture_routing(model, ids):
             counts[rec.layer].append(np.bincount(rec.topk_idx.reshape(-1).numpy(), minlength=specs[rec.layer].n_experts))
-    layers = []
+    layers, T = [], prompts[0].shape[1]
     for layer, s in specs.items():
-        c = np.stack(counts[layer], 1)
-        plan, _ = build_plan(c, prompt, s.top_k, s.n_experts, s.hidden, s.intermediate, args.tier_rule,
-                             args.percentile, args.group_size, layer=layer,
+        plan, _ = build_plan(np.stack(counts[layer], 1), T, s.top_k, s.n_experts, s.hidden, s.intermediate,
+                             args.tier_rule, percentile, args.group_size, layer=layer,
                              drop_budget=args.prefill_drop_budget)
         layers += plan["layers"]
-    return {"saliency": "weight_x_norm", "renormalize": False, "layers": layers}
+    slots = sum(g["capacity"] * len(g["experts"]) for lp in layers for g in lp["groups"])
+    k = next(iter(specs.values())).top_k
+    return {"saliency": "weight_x_norm", "renormalize": False, "layers": layers}, slots / (len(layers) * T * k)
 
 
 class _DropCounter:
@@ -116,21 +116,24 @@ class _DropCounter:
 
 @torch.no_grad()
 def prefill_tokens_per_s(args) -> str:
+    """Two interleaved blocks per prompt (one static executor alive at a time: each holds a copy of the expert
+    weights): [eager, grouped_mm, dropless, static with a plan calibrated on 12 other prompts], then [eager, static
+    with tiers fitted to this prompt's own routing]. Ratios are taken within a block."""
     import npumoe_lab as nl
     from npumoe_lab.experts import dropless_executor, set_executor
     model = _big_model(args.prefill_layers, torch.bfloat16)
     lines = [f"Whole-model prefill: {args.prefill_layers}-layer Qwen3-MoE at Qwen3-30B-A3B geometry (hidden 2048, "
              "128 experts top-8, moe_intermediate 768, 32/4 heads x 128; vocab 4096, HF init, sdpa attention), "
-             "bf16, one forward per prompt, logits of the last token only; tokens/s (median over repeats):", "",
-             "| prompt | HF eager | HF grouped_mm | static 3-tier plan | dropless (attach, no plan) | "
-             "static / eager | static / grouped_mm | dropless / eager | static drop % | logits max abs diff static / dropless vs eager |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "bf16, one forward per prompt of random token ids, logits of the last token only; tokens/s = prompt / "
+             "median forward time. `static (calibrated)`: 3-tier plan from 12 other prompts; `static (fitted)`: "
+             "3 tiers fitted to this prompt's own routing (an oracle plan: what calibration gives when the routing "
+             "distribution is stable); `dropless`: `attach(model)` without a plan.", "",
+             "| prompt | block | variant | tokens/s | vs HF eager | vs HF grouped_mm | slots / routed | drop % | "
+             "last-token logits max abs diff vs eager |", "|---|---|---|---|---|---|---|---|---|"]
     for prompt in [int(p) for p in args.prompts.split(",")]:
-        plan = _plan_for(model, prompt, 12, args)
+        g = torch.Generator().manual_seed(1234 + prompt)
+        calib = [torch.randint(3, model.config.vocab_size, (1, prompt), generator=g) for _ in range(12)]
         ids = torch.randint(3, model.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(7))
-        nl.attach(model, plan)
-        static_ex = model._npumoe.executor
-        static_ex.clock = stats = _DropCounter()
 
         def run(impl, executor=None):
             def go():
@@ -139,19 +142,27 @@ def prefill_tokens_per_s(args) -> str:
                 model.set_experts_implementation(impl)
                 return model(ids, use_cache=False, logits_to_keep=1).logits.float()
             return go
-        fns = {"eager": run("eager"), "grouped_mm": run("grouped_mm"), "static": run("npumoe", static_ex),
-               "dropless": run("npumoe", dropless_executor)}
-        ref = fns["eager"]()
-        diffs = [float((fns[k]() - ref).abs().max()) for k in ("static", "dropless")]
-        stats.routed = stats.dropped = 0
-        ts = time_interleaved(fns, args.repeats)
-        drop = 100 * stats.dropped / max(stats.routed, 1)
-        nl.detach(model)
-        del static_ex
-        tps = {k: prompt / statistics.median(v) for k, v in ts.items()}
-        lines.append(f"| {prompt} | {tps['eager']:.0f} | {tps['grouped_mm']:.0f} | {tps['static']:.0f} | "
-                     f"{tps['dropless']:.0f} | {tps['static'] / tps['eager']:.2f}x | "
-                     f"{tps['static'] / tps['grouped_mm']:.2f}x | {tps['dropless'] / tps['eager']:.2f}x | "
-                     f"{drop:.2f} | {diffs[0]:.3g} / {diffs[1]:.3g} |")
-        print("\n".join(lines[-1:]), flush=True)
+        for block, (plan, spr) in (("A", _plan_for(model, calib, args)), ("B", _plan_for(model, [ids], args, 100))):
+            nl.attach(model, plan)
+            static_ex = model._npumoe.executor
+            static_ex.clock = stats = _DropCounter()
+            name = "static (calibrated)" if block == "A" else "static (fitted)"
+            fns = {"HF eager": run("eager"), "HF grouped_mm": run("grouped_mm"), name: run("npumoe", static_ex),
+                   "dropless": run("npumoe", dropless_executor)}
+            if block == "B":
+                fns = {k: fns[k] for k in ("HF eager", name)}
+            ref = fns["HF eager"]()
+            diffs = {k: float((f() - ref).abs().max()) for k, f in fns.items()}
+            stats.routed = stats.dropped = 0
+            ts = time_interleaved(fns, args.repeats)
+            drop = 100 * stats.dropped / max(stats.routed, 1)
+            nl.detach(model)
+            del static_ex
+            tps = {k: prompt / statistics.median(v) for k, v in ts.items()}
+            for k, v in tps.items():
+                gm = f"{v / tps['HF grouped_mm']:.2f}x" if "HF grouped_mm" in tps else ""
+                extra = f"{spr:.2f} | {drop:.2f}" if k.startswith("static") else " | "
+                lines.append(f"| {prompt} | {block} | {k} | {v:.0f} | {v / tps['HF eager']:.2f}x | {gm} | {extra} | "
+                             f"{diffs[k]:.3g} |")
+            print("\n".join(lines[-len(tps):]), flush=True)
     return "\n".join(lines)
