@@ -25,6 +25,10 @@ def plot_baselines(df: pd.DataFrame):
     """Paper main figure: TTFT, energy per token and CPU cycles per variant (fixed variant order)."""
     metrics = pk.available(df, ("ttft_s", "energy_per_token_mj", "cpu_cycles"), "baselines", need=("variant",))
     facets = pk.facets(pk.default_knobs(df.dropna(subset=metrics, how="all")))
+    if "platform" in df.columns and df["platform"].nunique() > 1:
+        # one row per platform: measured host seconds and modeled milliseconds never share an axis
+        facets = [(f"{title} · {plat}", g) for title, sub in facets
+                  for plat, g in sub.groupby("platform", sort=True, dropna=False)]
     fig, axes = pk.figure(len(facets), len(metrics), 3.2, 2.6)
     for r, (title, sub) in enumerate(facets):
         for c, metric in enumerate(metrics):
