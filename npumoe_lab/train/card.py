@@ -89,11 +89,28 @@ def heldout_ppl(model, tok, text_dir: Path = DATA_DIR / "text") -> dict:
     return out
 
 
+def induction_probe(model, tok, n: int = 8, length: int = 100, seed: int = 0) -> dict:
+    """NLL of a random token sequence and of its exact repetition ([bos] X X): a model with induction heads
+    predicts the repetition almost perfectly; without them both halves stay near ln(vocab)."""
+    import torch
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(10, len(tok), (n, length), generator=g)
+    ids = torch.cat([torch.full((n, 1), tok.bos_token_id), x, x], 1)
+    with torch.no_grad():
+        lp = F.log_softmax(model(input_ids=ids).logits[:, :-1].float(), -1)
+    nll = -lp.gather(2, ids[:, 1:, None]).squeeze(-1)
+    return {"first_half_nll": float(nll[:, :length].mean()), "repeat_nll": float(nll[:, length + 1:].mean()),
+            "n": n, "length": length}
+
+
 def workload_scores(model, tok, lens, n, names=("ruler-multikey", "ruler-vt", "fewshot-cls", "lm-heldout")):
+    """lens: [prompt_len] (n samples each) or [(prompt_len, n)]."""
     from ..workloads import get_workload
     from ..workloads.scoring import evaluate
     res = []
     for L in lens:
+        L, n = L if isinstance(L, tuple) else (L, n)
         for name in names:
             w = get_workload(name)
             t = time.time()
@@ -124,7 +141,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model-dir", default=str(MODEL_DIR))
     p.add_argument("--n", type=int, default=24)
-    p.add_argument("--lens", default="1024,2048")
+    p.add_argument("--lens", default="1024,2048", help="prompt lengths, optionally LEN:N (e.g. 1024:32,2048:16)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--skip-workloads", action="store_true")
     args = p.parse_args(argv)
@@ -135,11 +152,14 @@ def main(argv=None):
     metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
     metrics["heldout_ppl"] = heldout_ppl(model, tok)
     print(json.dumps(metrics["heldout_ppl"]), flush=True)
+    metrics["induction_probe"] = induction_probe(model, tok)
+    print(json.dumps(metrics["induction_probe"]), flush=True)
     metrics["routing"] = routing_stats(model, tok)
     print([round(l["gini"], 3) for l in metrics["routing"]["layers"]], flush=True)
     metrics_path.write_text(json.dumps(metrics, indent=1))
     if not args.skip_workloads:
-        metrics["workloads"] = workload_scores(model, tok, [int(x) for x in args.lens.split(",")], args.n)
+        lens = [tuple(map(int, x.split(":"))) if ":" in x else (int(x), args.n) for x in args.lens.split(",")]
+        metrics["workloads"] = workload_scores(model, tok, lens, args.n)
     metrics["params"] = int(sum(p.numel() for p in model.parameters()))
     metrics_path.write_text(json.dumps(metrics, indent=1))
     from .card_text import write_readme

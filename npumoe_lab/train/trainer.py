@@ -4,7 +4,8 @@ Model: `transformers.Qwen3MoeForCausalLM`, vocab 4096, hidden 256, 4 layers, 4 h
 32 experts top-4, moe_intermediate 128, norm_topk_prob, tied embeddings, router_aux_loss_coef 0.001.
 Data mixture: natural text of the 4 domains (train splits) + synthetic long-context tasks from the SAME generators
 as the eval workloads (`npumoe_lab.workloads.ruler` / `fewshot`), with the training text as haystack and a
-separate seed stream; answer tokens get extra loss weight. Length curriculum by time fractions (e.g. 512 -> 1024
+separate seed stream; answer tokens get extra loss weight; optionally an induction warm-up task `repeat`
+(segments of natural text or random tokens, each followed by an exact copy). Length curriculum by time fractions (e.g. 512 -> 1024
 -> 2304). AdamW, warmup + cosine decay (over the time budget), grad clip 1.0. Time-budgeted, resumable,
 logs `training_log.csv` + `loss_curve.png` in the run dir, exports fp16 weights + tokenizer.
 """
@@ -65,6 +66,7 @@ class Mixture:
         self.domains = sorted(tokens)
         self.task_weights = task_weights or {"multikey": 0.4, "vt": 0.4, "fewshot": 0.2}
         self.max_queries = 4
+        self.weight_copies = False  # repeat task: give the copied halves the answer-token weight
 
     def natural(self, L):
         d = self.rng.choice(self.domains)
@@ -75,6 +77,17 @@ class Mixture:
         from ..workloads import fewshot, ruler
         r = self.rng
         task = task or r.choices(list(self.task_weights), weights=list(self.task_weights.values()))[0]
+        if task == "repeat":  # induction warm-up: segments each followed by an exact copy (natural or random)
+            ids, mask = list(self.bos), [0]
+            while len(ids) < L:
+                n = r.randint(16, 128)
+                if r.random() < 0.5:
+                    seg, _ = self.hay.window(r, n)
+                else:
+                    seg = [r.randrange(2, len(self.tok)) for _ in range(n)]
+                ids += seg + seg
+                mask += [0] * n + [int(self.weight_copies)] * n
+            return ids[:L], mask[:L], task
         if task == "multikey":
             nq = r.randint(1, self.max_queries)
             t = ruler.build_multikey(self.tok, r, self.hay, L, n_needles=r.randint(max(2, nq), 6), n_queries=nq,
@@ -227,10 +240,11 @@ def train(args) -> int:
     print(f"params {n_params / 1e6:.2f} M", flush=True)
 
     weights = {k: float(v) for k, v in (p.split(":") for p in args.task_weights.split(","))}
-    if set(weights) - {"multikey", "vt", "fewshot"}:
-        raise NpuMoeError(f"--task-weights {args.task_weights!r}: tasks are multikey, vt, fewshot")
+    if set(weights) - {"multikey", "vt", "fewshot", "repeat"}:
+        raise NpuMoeError(f"--task-weights {args.task_weights!r}: tasks are multikey, vt, fewshot, repeat")
     mix = Mixture(tok, tokens, args.synth_frac, args.seed + state["step"], weights)
     mix.max_queries = args.max_queries
+    mix.weight_copies = args.weight_copies
     # fixed validation: calib split (training corpora), 4 x 512-token windows per domain; probe tasks at 512
     vrng = random.Random(99)
     from ..workloads.base import Haystack, newline_ids
@@ -354,6 +368,8 @@ def add_args(p: argparse.ArgumentParser):
     p.add_argument("--task-weights", default="multikey:0.4,vt:0.4,fewshot:0.2",
                    help="shares of the synthetic tasks (default: %(default)s)")
     p.add_argument("--max-queries", type=int, default=4, help="answered multi-key queries per sequence: 1..N")
+    p.add_argument("--weight-copies", action="store_true",
+                   help="repeat task: the copied halves get the answer-token loss weight")
     p.add_argument("--answer-weight", type=float, default=4.0, help="extra loss weight of answer tokens")
     p.add_argument("--probe-len", type=int, default=512)
     p.add_argument("--eval-minutes", type=float, default=4.0)
