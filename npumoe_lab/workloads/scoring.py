@@ -19,13 +19,13 @@ from .base import Sample, Workload
 def default_prefill(model, input_ids):
     """prefill_fn(model, input_ids [1,T]) -> (logits [1,T,V], past_key_values)."""
     out = model(input_ids=input_ids, use_cache=True)
-    return out.logits, out.past_key_values
+    return out.logits, out.cache
 
 
 def _step(model, token_ids, past):
     import torch
-    out = model(input_ids=torch.tensor([token_ids], dtype=torch.long), past_key_values=past, use_cache=True)
-    return out.logits, out.past_key_values
+    out = model(input_ids=torch.tensor([token_ids], dtype=torch.long), cache=past, use_cache=True)
+    return out.logits, out.cache
 
 
 def evaluate_sample(model, tokenizer, sample: Sample, workload: Workload, prefill_fn=None) -> dict:
