@@ -204,7 +204,7 @@ def test_scoring_generate_matches_hf_generate(tok, tiny_model):
     def prefill(model, input_ids):  # a custom prefill_fn is used for the prompt only
         calls.append(input_ids.shape)
         out = model(input_ids=input_ids, use_cache=True)
-        return out.logits, out.past_key_values
+        return out.logits, out.cache
 
     r = evaluate_sample(tiny_model, tok, s, w, prefill_fn=prefill)
     assert calls == [torch.Size([1, 512])]
@@ -221,11 +221,11 @@ def test_scoring_hand_made_case(tok):
     target = tok.encode(" code", add_special_tokens=False)
 
     class Fake(torch.nn.Module):
-        def forward(self, input_ids, past_key_values=None, use_cache=True):
+        def forward(self, input_ids, cache=None, use_cache=True):      # transformers v5 names the KV cache `cache`
             T = input_ids.shape[1]
             logits = torch.zeros(1, T, V)
             logits[..., target[0]] = math.log(V) * 4
-            return type("Out", (), {"logits": logits, "past_key_values": past_key_values or ()})()
+            return type("Out", (), {"logits": logits, "cache": cache or ()})()
 
     w = get_workload("fewshot-cls")
     s = Sample([0] * 200, "choice", choices=CHOICES, label=3)

@@ -17,7 +17,7 @@ from .base import Sample, Workload
 
 
 def default_prefill(model, input_ids):
-    """prefill_fn(model, input_ids [1,T]) -> (logits [1,T,V], past_key_values)."""
+    """prefill_fn(model, input_ids [1,T]) -> (logits [1,T,V], cache)."""
     out = model(input_ids=input_ids, use_cache=True)
     return out.logits, out.cache
 
