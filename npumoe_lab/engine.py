@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .errors import NpuMoeError
-from .packing import (GroupSlice, Layout, Workspace, dropless_layout, group_ffn, group_ffn_into, pack,
+from .packing import (Layout, Workspace, group_ffn, group_ffn_into, pack,
                       plan_dispatch, run_groups, scatter)
 
 COLD_MODES = ("dynamic", "static")
@@ -126,7 +126,8 @@ class PlanExecutor:
         stats = LayerStats(routed=int(active.sum()))
 
         def route():
-            norms = hidden.float().norm(dim=-1)
+            # an fp32 copy of the hidden states costs a full pass: only the norm-based rules need it
+            norms = hidden.float().norm(dim=-1) if self.saliency in ("activation_norm", "weight_x_norm") else None
             scores = saliency_scores(self.saliency, top_k_weights, norms, seed=self.seed + 7919 * layer)
             return plan_dispatch(top_k_index, _masked(top_k_weights, static_assign), layout, scores=scores,
                                  renormalize=self.renormalize, active=static_assign)[0]
@@ -229,4 +230,4 @@ def _combine(out, dispatch, parts, work=None):
     return y
 
 
-__all__ = ["PlanExecutor", "LayerStats", "NullClock", "GroupSlice", "dropless_layout"]
+__all__ = ["PlanExecutor", "LayerStats", "NullClock"]

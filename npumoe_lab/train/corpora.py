@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import os
 import re
-import shutil
 import subprocess
 import sys
 import sysconfig
