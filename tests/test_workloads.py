@@ -71,20 +71,20 @@ def test_multikey_answer_in_prompt(tok):
         assert needles[key] == s.answer
         query = text.rindex("What is the special magic number for")
         assert text.index(f"for {key} is: {s.answer}.") < query
-        assert text.endswith(f"The special magic number for {key} mentioned in the provided text is")
+        assert text.endswith(f"The special magic number for {key} is:")
         assert w.score_generation(s, f" {s.answer}.\nWhat") == 1.0
         assert w.score_generation(s, f" {s.answer}1") == 0.0
 
 
 def _reference_vt(text: str, value: str) -> set[str]:
-    """Plain parser: follow 'VAR X = <value>.' and 'VAR Y = VAR X.' lines in the order they appear."""
+    """Plain parser: follow 'ASSIGN <value> -> X.' and 'ASSIGN X -> Y.' lines in the order they appear."""
     holds = set()
     for line in text.split("\n"):
-        m = re.search(r"VAR ([A-Z]{5}) = (VAR ([A-Z]{5})|(\d+))\.", line)
+        m = re.fullmatch(r"ASSIGN (?:([A-Z]{5})|(\d+)) -> ([A-Z]{5})\.", line.strip())
         if not m:
             continue
-        if m.group(4) == value or (m.group(3) and m.group(3) in holds):
-            holds.add(m.group(1))
+        if m.group(2) == value or (m.group(1) and m.group(1) in holds):
+            holds.add(m.group(3))
     return holds
 
 
@@ -95,9 +95,10 @@ def test_vt_chain_reconstructable(tok):
         value = s.meta["value"]
         assert set(s.answer.split()) == _reference_vt(text, value)
         assert len(s.answer.split()) == 3
-        assert text.endswith(f"3 variables are assigned the value {value}, they are:")
+        assert text.endswith(f"There are 3 of them. Following the chain of assignments: {value}")
         names = s.answer.split()
-        assert w.score_generation(s, " " + " ".join(reversed(names)) + "\nQuestion") == 1.0
+        assert w.score_generation(s, "".join(f" -> {n}" for n in names) + ".\nQuestion") == 1.0
+        assert w.score_generation(s, " " + " ".join(reversed(names))) == 1.0  # a set: order does not matter
         assert w.score_generation(s, " " + " ".join(names[:2])) == 0.0
         assert w.recall(s, " " + " ".join(names[:2])) == pytest.approx(2 / 3)
 

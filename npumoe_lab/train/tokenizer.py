@@ -56,4 +56,4 @@ def load_tokenizer(path: str | Path):
 if __name__ == "__main__":
     import sys
     t = train_tokenizer(sys.argv[1] if len(sys.argv) > 1 else corpora.DATA_DIR / "train-runs" / "tokenizer")
-    print(len(t), t.tokenize("VAR ABCDE = 12345. Passage: In the beginning God created"))
+    print(len(t), t.tokenize("ASSIGN 12345 -> ABCDE. Passage: In the beginning God created"))

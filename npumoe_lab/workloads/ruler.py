@@ -26,14 +26,18 @@ NOUNS = ("tiger", "river", "castle", "falcon", "garden", "hammer", "island", "ja
 MK_INTRO = ("Some special magic numbers are hidden within the following text. Make sure to memorize it. "
             "I will quiz you about the numbers afterwards.\n")
 MK_NEEDLE = "One of the special magic numbers for {key} is: {value}.\n"
+# The answer prefix restates the needle's own wording ("... for {key} is:"), as RULER's answer prefix restates the
+# question: a small model can then answer by matching the key's tokens (induction) instead of paraphrase.
 MK_QUERY = ("\nWhat is the special magic number for {key} mentioned in the provided text? "
-            "The special magic number for {key} mentioned in the provided text is")
+            "The special magic number for {key} is:")
 VT_INTRO = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n"
-VT_FIRST = "VAR {name} = {value}.\n"
-VT_LINK = "VAR {name} = VAR {prev}.\n"
+# Assignments are written source-first (R's `value -> name`), and the answer walks the chain in the same notation,
+# so each hop is a forward lookup of the name that follows the previous one (RULER writes `VAR B = VAR A`, whose
+# hops are backward lookups a 14M-parameter model did not learn in 112 CPU-minutes; see the model card).
+VT_FIRST = "ASSIGN {value} -> {name}.\n"
+VT_LINK = "ASSIGN {prev} -> {name}.\n"
 VT_QUERY = ("\nQuestion: Find all variables that are assigned the value {value} in the text above. "
-            "Answer: According to the chain(s) of variable assignment in the text above, {n} variables are "
-            "assigned the value {value}, they are:")
+            "Answer: There are {n} of them. Following the chain of assignments: {value}")
 
 
 @dataclass
@@ -133,9 +137,8 @@ def build_vt(tok, rng: random.Random, hay: Haystack, total_len: int, n_vars: int
     asked = rng.sample(range(n_chains), min(n_queries, n_chains))
     queries = []
     for c in asked:
-        ans = " " + " ".join(chains[c])
         queries.append((encode(tok, VT_QUERY.format(value=values[c], n=len(chains[c]))),
-                        encode(tok, ans + "\n"), ans))
+                        encode(tok, "".join(f" -> {v}" for v in chains[c]) + ".\n"), " ".join(chains[c])))
     tail = sum(len(q) + len(a) for q, a, _ in queries)
     if not answered_last:
         tail -= len(queries[-1][1])
@@ -188,7 +191,7 @@ class MultiKey(Workload):
 class VariableTracking(Workload):
     name = "ruler-vt"
     kind = "generate"
-    description = ("RULER variable tracking: chains 'VAR A = 12345.' -> 'VAR B = VAR A.' hidden in a natural-text "
+    description = ("RULER variable tracking: chains 'ASSIGN 12345 -> ABCDE.' 'ASSIGN ABCDE -> FGHIJ.' hidden in a natural-text "
                    "haystack with distractor chains; list all variables holding a value; exact set match")
     max_new_tokens = 24
     metric = "exact_match"
@@ -209,7 +212,7 @@ class VariableTracking(Workload):
             ids = t.context + q
             assert len(ids) == prompt_len, (len(ids), prompt_len)
             c = t.meta["asked"][-1]
-            out.append(Sample(ids, "generate", answer=ans.strip(),
+            out.append(Sample(ids, "generate", answer=ans,
                               meta={"domain": t.meta["domain"], "n_vars": self.n_vars, "n_chains": self.n_chains,
                                     "value": t.meta["values"][c], "chains": t.meta["chains"]}))
         return out
@@ -231,5 +234,5 @@ def synthetic_text(rng: random.Random, n: int = 400) -> str:
         a, b, c = random_names(rng, 3)
         val = rng.randint(10_000, 99_999)
         lines.append(VT_FIRST.format(name=a, value=val) + VT_LINK.format(name=b, prev=a)
-                     + VT_LINK.format(name=c, prev=b) + VT_QUERY.format(value=val, n=3) + f" {a} {b} {c}\n")
+                     + VT_LINK.format(name=c, prev=b) + VT_QUERY.format(value=val, n=3) + f" -> {a} -> {b} -> {c}.\n")
     return "".join(lines)
