@@ -39,11 +39,11 @@ import pandas as pd
 import torch
 
 import npumoe_lab as nl
-from npumoe_lab.experiments import demo
+from npumoe_lab.experiments import notebook_helpers as nb
 from npumoe_lab.plots import plot_baselines, plot_popularity_heatmap
 
 torch.manual_seed(seed)
-m, tok = demo.load(model)
+m, tok = nb.load(model)
 pd.DataFrame([vars(s) for s in nl.describe(m)])
 
 # %% [markdown]
@@ -53,13 +53,13 @@ pd.DataFrame([vars(s) for s in nl.describe(m)])
 sample = nl.get_workload(workload).samples(tok, prompt_len, 1, seed)[0]
 ids = torch.tensor([sample.input_ids])
 records = nl.capture_routing(m, ids)
-demo.routing_counts(records)    # assignments per expert and layer, this prompt
+nb.routing_counts(records)    # assignments per expert and layer, this prompt
 
 # %% [markdown]
 # ## 2. The workbench's dropless experts path equals HF's own experts
 
 # %%
-parity = demo.dropless_parity(m, ids)
+parity = nb.dropless_parity(m, ids)
 assert parity["allclose"] and parity["top1_agree"] == 1.0, parity
 parity
 
@@ -82,9 +82,9 @@ nl.attach(m, plan)
 results = {platform: nl.prefill(m, ids, chunk=chunk, platform=platform),
            "cpu": nl.prefill(m, ids, chunk=chunk, platform="cpu")}
 nl.detach(m)
-rows = demo.prefill_rows(results, model=demo.model_label(model), workload=workload, variant="npumoe",
+rows = nb.prefill_rows(results, model=nb.model_label(model), workload=workload, variant="npumoe",
                          prompt_len=prompt_len, chunk=chunk, plan=plan)
-demo.maybe_write(rows, out_dir)
+nb.maybe_write(rows, out_dir)
 rows[["platform", "timing_source", "ttft_s", "energy_per_token_mj", "cpu_cycles", "n_npu_calls", "drop_rate",
       "pad_rate"]]
 

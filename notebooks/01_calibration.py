@@ -35,11 +35,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from npumoe_lab.experiments import demo
+from npumoe_lab.experiments import notebook_helpers as nb
 from npumoe_lab.plots import plot_popularity_heatmap
 
-m, tok = demo.load(model)
-profiles = demo.calibrate_workloads(m, tok, sources, chunk=chunk, tokens=calib_tokens, seed=seed)
+m, tok = nb.load(model)
+profiles = nb.calibrate_workloads(m, tok, sources, chunk=chunk, tokens=calib_tokens, seed=seed)
 
 # %% [markdown]
 # ## Popularity heatmaps (load share per expert and layer), one per calibration source
@@ -54,7 +54,7 @@ for name, profile in profiles.items():
 # ## Skew: Gini of the experts' loads and the experts covering 50% / 80% of the assignments
 
 # %%
-skew = demo.skew_table(profiles)
+skew = nb.skew_table(profiles)
 skew.pivot(index="layer", columns="calibration", values=["gini", "experts_50", "experts_80"]).round(3)
 
 # %% [markdown]
@@ -62,7 +62,7 @@ skew.pivot(index="layer", columns="calibration", values=["gini", "experts_50", "
 # 1.0 = the same hot set; the expected value for random sets of that size is much lower.
 
 # %%
-stability = demo.hot_set_stability(profiles, hot_k)
+stability = nb.hot_set_stability(profiles, hot_k)
 stability.pivot_table(index=["a", "b"], columns="layer", values=f"jaccard_top{hot_k}").round(2)
 
 # %%

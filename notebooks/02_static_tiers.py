@@ -38,15 +38,15 @@ out_dir = None
 
 # %%
 # %matplotlib inline
-from npumoe_lab.experiments import demo
+from npumoe_lab.experiments import notebook_helpers as nb
 from npumoe_lab.plots import plot_accuracy, plot_tiers
 
-m = demo.load(model)
-df = demo.run_knob_sweep(m, "tiers", tier_values, model_name=demo.model_label(model), workload=workload,
+m = nb.load(model)
+df = nb.run_knob_sweep(m, "tiers", tier_values, model_name=nb.model_label(model), workload=workload,
                          variants=variants, platforms=platforms, prompt_len=prompt_len, chunk=chunk,
                          n_samples=n_samples, repeats=repeats, calib_workload=calib_workload,
                          calib_tokens=calib_tokens, seed=seed)
-demo.maybe_write(df, out_dir)
+nb.maybe_write(df, out_dir)
 df[["variant", "platform", "n_tiers", "pad_rate", "drop_rate", "accuracy_delta", "accuracy_ci_low",
     "accuracy_ci_high", "top1_agree", "kl", "ttft_s", "timing_source"]]
 

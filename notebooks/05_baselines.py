@@ -37,11 +37,11 @@ out_dir = None
 
 # %%
 # %matplotlib inline
-from npumoe_lab.experiments import demo
+from npumoe_lab.experiments import notebook_helpers as nb
 from npumoe_lab.experiments.runner import ablation_report, run_experiment
 from npumoe_lab.plots import plot_ablation, plot_baselines
 
-df = run_experiment(model=demo.load(model), model_name=demo.model_label(model), workload=workload,
+df = run_experiment(model=nb.load(model), model_name=nb.model_label(model), workload=workload,
                     variants=variants, platforms=platforms, prompt_len=prompt_len, chunk=chunk,
                     n_samples=n_samples, repeats=repeats, calib_workload=calib_workload,
                     calib_tokens=calib_tokens, seed=seed, out=out_dir)

@@ -211,17 +211,17 @@ def test_sweep_yaml_names_notebook_parameters():
     assert json.dumps(cells)  # plain values only (they go to papermill)
 
 
-# -- the helpers the notebooks and the demo call (npumoe_lab/experiments/demo.py) --------------------------------
-def test_demo_helpers_reject_bad_input():
+# -- the helpers the notebooks call (npumoe_lab/experiments/notebook_helpers.py) -----------------------------------
+def test_notebook_helpers_reject_bad_input():
     from npumoe_lab.errors import NpuMoeError
-    from npumoe_lab.experiments import demo
+    from npumoe_lab.experiments import notebook_helpers as nb
     with pytest.raises(NpuMoeError, match="not a plan knob"):
-        demo.run_knob_sweep(("model", "tokenizer"), "bogus_knob", [1])
+        nb.run_knob_sweep(("model", "tokenizer"), "bogus_knob", [1])
     with pytest.raises(NpuMoeError, match="no values"):
-        demo.run_knob_sweep(("model", "tokenizer"), "tiers", [])
+        nb.run_knob_sweep(("model", "tokenizer"), "tiers", [])
     with pytest.raises(NpuMoeError, match="at least two"):
-        demo.hot_set_stability({"mixed": object()}, k=4)
-    assert demo.maybe_write([{"model": "m"}], None) is None   # interactive run: nothing written
+        nb.hot_set_stability({"mixed": object()}, k=4)
+    assert nb.maybe_write([{"model": "m"}], None) is None   # interactive run: nothing written
 
 
 def test_summary_markdown_ablation_ratios():
