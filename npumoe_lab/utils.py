@@ -23,6 +23,26 @@ def progress(iterable=None, **kwargs):
     return tqdm(iterable, **kwargs)
 
 
+def with_torch_threads(fn):
+    """Adds a `threads=None` keyword: torch's intra-op threads for the call (restored after). Measured CPU times
+    depend on it, so callers set it deliberately instead of inheriting whatever the process had."""
+    @functools.wraps(fn)
+    def wrapper(*args, threads=None, **kwargs):
+        if threads is None:
+            return fn(*args, **kwargs)
+        import torch
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            from .errors import NpuMoeError
+            raise NpuMoeError(f"threads must be a positive integer (torch intra-op threads); got {threads!r}")
+        prev = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(prev)
+    return wrapper
+
+
 def sha256_json(obj) -> str:
     """Hash of a JSON-serialisable object in canonical form (sorted keys, no whitespace)."""
     blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()

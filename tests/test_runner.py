@@ -74,7 +74,8 @@ def test_spill_is_dropless_and_capacities_above_load_match_reference(standin, tm
     monkeypatch.setenv("NPUMOE_CACHE", str(tmp_path / "cache"))
     df = run_experiment(model=str(standin), workload="lm-heldout", variants="npumoe,npumoe-spill,npumoe-base",
                         platforms="cpu", prompt_len=512, chunk=256, n_samples=1, calib_tokens=1024, warmup=0,
-                        percentile=100, tiers=3)
+                        percentile=100, tiers=3, threads=1)
+    assert (df.torch_threads == 1).all() and torch.get_num_threads() == 2   # set for the run, then restored
     spill = df[df.variant == "npumoe-spill"].iloc[0]
     assert spill.drop_rate == 0 and spill.kl < 1e-8 and spill.top1_agree == 1.0
 
@@ -86,6 +87,8 @@ def test_bad_input_errors(standin):
         run_experiment(model=str(standin), workload="lm-heldout", variants="npumoe", platforms="m9-ultra")
     with pytest.raises(NpuMoeError, match="context"):
         run_experiment(model=str(standin), workload="lm-heldout", variants="npumoe", prompt_len=10**6)
+    with pytest.raises(NpuMoeError, match="threads must be a positive integer"):
+        run_experiment(model=str(standin), workload="lm-heldout", variants="npumoe", threads=0)
 
 
 def test_cli_lists_platforms_with_sources():

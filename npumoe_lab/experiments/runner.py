@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 
 from ..errors import NpuMoeError
-from ..utils import progress, provenance
+from ..utils import progress, provenance, with_torch_threads
 from ..variants import ABLATION, PAPER_ABLATION_SPEEDUP, dynamic_plan, parse_variants
 
 PLAN_KNOBS = ("tiers", "group_size", "hot_threshold", "saliency", "percentile", "align", "residency",
@@ -68,11 +68,13 @@ def _layer_counts(stats):
     return (dropped / routed if routed else 0.0), (padded / slots if slots else 0.0)
 
 
+@with_torch_threads
 def run_experiment(model="tiny", workload="ruler-multikey", variants="all", platforms="cpu,m2-max",
                    prompt_len=1024, chunk=256, plan=None, repeats=1, n_samples=4, seed=0, out=None,
                    calib_workload="mixed", calib_tokens=8192, timeline=False, model_name=None, warmup=1,
                    npu_backend=None, **plan_knobs) -> pd.DataFrame:
-    """Run every (variant, platform) on the workload's samples; returns (and writes to `out`) result rows."""
+    """Run every (variant, platform) on the workload's samples; returns (and writes to `out`) result rows.
+    `threads=N` sets torch's intra-op threads for the run (rows record `torch_threads` either way)."""
     from .. import detach
     from ..devices import get_platform
     from ..metrics import bootstrap_ci, logit_agreement
@@ -174,6 +176,7 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
                            platform_profile=plat.name, platform_hash=plat.hash, platform_kind=plat.kind,
                            model_fingerprint=fingerprint, plan_hash=getattr(used, "hash", None),
                            npu_backend=(npu_backend or "torch") if v.experts == "plan" else None,
+                           torch_threads=torch.get_num_threads(),
                            created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **prov)
                 for k in plan_knobs:            # swept knobs become columns (the figures read them)
                     row["n_tiers" if k == "tiers" else k] = plan_knobs[k]
@@ -227,6 +230,8 @@ def register_cli(sub):
     p.add_argument("--timeline", action="store_true", help="also write the per-op timeline")
     p.add_argument("--npu-backend", default=None, choices=["torch", "onnxruntime", "coreml"],
                    help="what runs resident groups on a measured platform (default: torch in process)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads for the run (default: torch's own choice); recorded per row")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cli_run)
     q = sub.add_parser("platforms", help="list the platforms with their sources")
@@ -239,7 +244,8 @@ def _cli_run(a: argparse.Namespace) -> int:
     df = run_experiment(model=a.model, workload=a.workload, variants=a.variant, platforms=a.platform,
                         prompt_len=a.prompt_len, chunk=a.chunk, plan=a.plan, repeats=a.repeats,
                         n_samples=a.samples, seed=a.seed, out=a.out, calib_workload=a.calib_workload,
-                        calib_tokens=a.calib_tokens, timeline=a.timeline, npu_backend=a.npu_backend, **knobs)
+                        calib_tokens=a.calib_tokens, timeline=a.timeline, npu_backend=a.npu_backend, threads=a.threads,
+                        **knobs)
     cols = ["variant", "platform", "timing_source", "ttft_s", "energy_per_token_mj", "cpu_busy_s", "n_npu_calls",
             "drop_rate", "pad_rate", "score", "accuracy_delta"]
     with pd.option_context("display.width", 200, "display.max_columns", 20):
