@@ -104,17 +104,18 @@ def test_heldout_perplexity_matches_card(loaded, card):
             assert f"| {d} | {card['heldout_ppl'][d]['nll']:.4f} | {stated:.2f} |" in readme
 
 
-def test_multikey_above_chance(loaded, card):
-    """Requirement: the reference model retrieves needles well above chance (~0 for 7-digit numbers) at 1024.
-    The first 8 samples (seed 0) are recomputed; when the card itself reports the model at chance, the test is an
-    expected failure that says so (the requirement stays visible instead of silently passing)."""
+@pytest.mark.parametrize("name", ["ruler-multikey", "ruler-vt"])
+def test_retrieval_above_chance(loaded, card, name):
+    """Requirement: the reference model retrieves well above chance (~0 for exact match of a 6-7 digit number or
+    of a 3-name chain) at 1024 tokens. The first 8 samples of the card's seed-0 set are recomputed with plain HF
+    greedy decoding and must match the card's per-sample scores (same samples, same decoding; one flip allowed for
+    fp32 reductions that differ with the thread count at a near-tie)."""
     from npumoe_lab.workloads import get_workload
     from npumoe_lab.workloads.scoring import evaluate_sample
     model, tok = loaded
-    w = get_workload("ruler-multikey")
+    w = get_workload(name)
     scores = [evaluate_sample(model, tok, s, w)["score"] for s in w.samples(tok, 1024, 8, seed=0)]
-    stated = [r for r in card.get("workloads", []) if r["workload"] == w.name and r["prompt_len"] == 1024]
-    if stated and stated[0]["mean"] <= 0.05 and sum(scores) == 0:
-        pytest.xfail(f"the bundled model does not retrieve yet: card states {stated[0]['mean']:.2f} on "
-                     f"n={stated[0]['n']} at 1024 (chance ~0); recomputed 0/8")
+    stated = [r for r in card["workloads"] if r["workload"] == name and r["prompt_len"] == 1024][0]
+    assert stated["mean"] >= 0.25, f"card: {name} {stated['mean']:.2f} at 1024"
     assert sum(scores) / len(scores) >= 0.25, scores
+    assert sum(a != b for a, b in zip(scores, stated["scores"][:8])) <= 1, (scores, stated["scores"][:8])

@@ -119,6 +119,7 @@ def workload_scores(model, tok, lens, n, names=("ruler-multikey", "ruler-vt", "f
                    "chance": None if w.chance != w.chance else w.chance, "seconds": round(time.time() - t, 1)}
             if w.kind != "perplexity":
                 row["stderr"] = math.sqrt(max(r["mean"] * (1 - r["mean"]), 0) / n)
+                row["scores"] = [x["score"] for x in r["rows"]]  # per sample, for tests to recompute a prefix
             else:
                 row["ppl"] = r["ppl"]
             if name == "ruler-vt":
