@@ -135,7 +135,7 @@ def counts_of(idx, E):
     return np.bincount(idx.reshape(-1).numpy(), minlength=E)
 
 
-PERCENTILES = (50, 60, 70, 75, 80, 85, 90, 95, 100)
+PERCENTILES = (20, 30, 40, 50, 60, 70, 75, 80, 85, 90, 95, 100)
 
 
 def build_plan(per_chunk_counts, chunk, K, E, H, I, rule="optimal", percentile=None, group_size=16, layer=0,

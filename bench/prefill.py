@@ -11,6 +11,8 @@ prefill_tokens_per_s: a 4-layer model at Qwen3-30B-A3B geometry (random weights,
 """
 from __future__ import annotations
 
+import inspect
+
 import statistics
 
 import numpy as np
@@ -41,6 +43,7 @@ def calibration_overhead(repeats: int, chunk: int = 512, n_chunks: int = 4) -> s
     vocab = model.config.vocab_size
     ids = torch.randint(3, vocab, (1, chunk * n_chunks), generator=torch.Generator().manual_seed(0))
     specs = describe(model)
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"  # v5 / v4
 
     def run(record: bool):
         def go():
@@ -50,8 +53,8 @@ def calibration_overhead(repeats: int, chunk: int = 512, n_chunks: int = 4) -> s
                 rec.__enter__()
             try:
                 for c in range(n_chunks):
-                    out = model(input_ids=ids[:, c * chunk:(c + 1) * chunk], use_cache=True, past_key_values=past)
-                    past = out.past_key_values
+                    out = model(input_ids=ids[:, c * chunk:(c + 1) * chunk], use_cache=True, **{cache_arg: past})
+                    past = getattr(out, cache_arg)
                     if rec:
                         for r in rec.records:
                             acc.add(r, c)

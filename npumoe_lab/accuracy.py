@@ -6,6 +6,8 @@ variant's plan produced. Decoding after prefill runs the normal path (NPUMoE app
 """
 from __future__ import annotations
 
+import warnings
+
 import pandas as pd
 
 from .errors import NpuMoeError
@@ -66,4 +68,12 @@ def accuracy_report(model="tiny", workloads=DEFAULT_WORKLOADS, variant="npumoe",
                             chunk=chunk, n_samples=n_samples, seed=seed, out=out, model_name=name, **plan_knobs)
         frames.append(df[df.repeat == 0])
     table = pd.concat(frames, ignore_index=True)
+    if target_drop is not None:
+        outside = table[(table.drop_rate < target_drop[0]) | (table.drop_rate > target_drop[1])]
+        if len(outside):
+            # the percentile was chosen on the calibration text; a workload's own routing can drop more or less
+            warnings.warn(f"measured drop rates {', '.join(f'{w} {d:.1%}' for w, d in zip(outside.workload, outside.drop_rate))} "
+                          f"fall outside target_drop {target_drop} (percentile {plan_knobs['percentile']:g} was chosen "
+                          "on the calibration text); pass percentile= explicitly to place these workloads in range",
+                          stacklevel=2)
     return table[[c for c in COLUMNS if c in table.columns] + [k for k in plan_knobs if k in table.columns]]

@@ -5,7 +5,7 @@ top-k (2 groups of 4, 1 kept) with a non-zero e_score_correction_bias; qwen2_moe
 from __future__ import annotations
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 torch.set_num_threads(1)
 
@@ -75,3 +75,25 @@ def token_batch(length: int, batch: int = 1, pad: int = 0, seed: int = 0):
     mask[0, :pad] = 0
     ids[0, :pad] = 0
     return ids, mask
+
+
+def save_standin(out_dir, tokenizer_dir):
+    """A small random Qwen3-MoE saved with the bundled tokenizer and context (2 layers, 16 experts, top-4): the
+    same code path as the bundled model at a fraction of the cost. Router weights ~N(0, 0.3): decisive, skewed
+    routing like a trained router."""
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    real = AutoConfig.from_pretrained(tokenizer_dir)
+    cfg = AutoConfig.for_model("qwen3_moe", vocab_size=real.vocab_size, hidden_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=16,
+                               num_experts_per_tok=4, moe_intermediate_size=32, intermediate_size=128,
+                               max_position_embeddings=real.max_position_embeddings, norm_topk_prob=True,
+                               tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("gate.weight"):
+                p.normal_(0, 0.3)
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    return out_dir

@@ -23,24 +23,8 @@ def standin(tmp_path_factory):
     """A small random Qwen3-MoE with the bundled tokenizer and context (fast, same code path as the real one)."""
     if not (TINY_MODEL_DIR / "tokenizer.json").exists():
         pytest.skip("bundled tiny model/tokenizer not present yet")
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
-    real = AutoConfig.from_pretrained(TINY_MODEL_DIR)
-    cfg = AutoConfig.for_model("qwen3_moe", vocab_size=real.vocab_size, hidden_size=64, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=16,
-                               num_experts_per_tok=4, moe_intermediate_size=32, intermediate_size=128,
-                               max_position_embeddings=real.max_position_embeddings, norm_topk_prob=True,
-                               tie_word_embeddings=True)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("gate.weight"):
-                p.normal_(0, 0.3)            # decisive, skewed routing like a trained router
-    d = tmp_path_factory.mktemp("standin")
-    model.save_pretrained(d)
-    tok.save_pretrained(d)
-    return d
+    from tests.model_zoo import save_standin
+    return save_standin(tmp_path_factory.mktemp("standin"), TINY_MODEL_DIR)
 
 
 @pytest.mark.slow
@@ -72,10 +56,12 @@ def test_every_variant_end_to_end(standin, tmp_path, monkeypatch):
 
 def test_spill_is_dropless_and_capacities_above_load_match_reference(standin, tmp_path, monkeypatch):
     monkeypatch.setenv("NPUMOE_CACHE", str(tmp_path / "cache"))
+    before = torch.get_num_threads()
+    n_threads = 2 if before == 1 else 1
     df = run_experiment(model=str(standin), workload="lm-heldout", variants="npumoe,npumoe-spill,npumoe-base",
                         platforms="cpu", prompt_len=512, chunk=256, n_samples=1, calib_tokens=1024, warmup=0,
-                        percentile=100, tiers=3, threads=1)
-    assert (df.torch_threads == 1).all() and torch.get_num_threads() == 2   # set for the run, then restored
+                        percentile=100, tiers=3, threads=n_threads)
+    assert (df.torch_threads == n_threads).all() and torch.get_num_threads() == before  # set, then restored
     spill = df[df.variant == "npumoe-spill"].iloc[0]
     assert spill.drop_rate == 0 and spill.kl < 1e-8 and spill.top1_agree == 1.0
 
