@@ -198,8 +198,9 @@ def write_readme(model_dir: Path, metrics: dict) -> Path:
               "formed late in phase 5 (training copy loss fell after step ~1290), yet after 112 min both tasks "
               "were still 0/32 with RULER's original wording, whose answers need backward lookups (the value "
               "follows a paraphrased question; `VAR B = VAR A` names the next variable before the current one). "
-              "With the forward-lookup templates of phase 7 (same tasks, same needles and distractors, the answer "
-              "prefix restating the needle's wording, chains written source-first) the teacher-forced answer "
+              "With the forward-lookup templates of phase 7 (same tasks, haystacks and distractors; the same "
+              "multi-key needles with an answer prefix that restates the needle's wording; variable-tracking "
+              "statements rewritten source-first) the teacher-forced answer "
               "accuracy rose from 0 to ~0.8 within the first 5 minutes of phase 7.")
             long = [w for w in ws if w["workload"] in ("ruler-multikey", "ruler-vt") and w["prompt_len"] > 1024]
             if long:
