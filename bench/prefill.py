@@ -11,8 +11,6 @@ prefill_tokens_per_s: a 4-layer model at Qwen3-30B-A3B geometry (random weights,
 """
 from __future__ import annotations
 
-import inspect
-
 import statistics
 
 import numpy as np
@@ -36,14 +34,14 @@ def _tiny_model():
 
 @torch.no_grad()
 def calibration_overhead(repeats: int, chunk: int = 512, n_chunks: int = 4) -> str:
-    from npumoe_lab.calibration import _Accumulator
+    from npumoe_lab.calibration import _Accumulator, kv_cache_kwarg
     from npumoe_lab.models import describe
     from npumoe_lab.routing import RoutingRecorder
     model, what = _tiny_model()
     vocab = model.config.vocab_size
     ids = torch.randint(3, vocab, (1, chunk * n_chunks), generator=torch.Generator().manual_seed(0))
     specs = describe(model)
-    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"  # v5 / v4
+    cache_arg = kv_cache_kwarg(model)
 
     def run(record: bool):
         def go():

@@ -72,8 +72,8 @@ def accuracy_report(model="tiny", workloads=DEFAULT_WORKLOADS, variant="npumoe",
         outside = table[(table.drop_rate < target_drop[0]) | (table.drop_rate > target_drop[1])]
         if len(outside):
             # the percentile was chosen on the calibration text; a workload's own routing can drop more or less
-            warnings.warn(f"measured drop rates {', '.join(f'{w} {d:.1%}' for w, d in zip(outside.workload, outside.drop_rate))} "
-                          f"fall outside target_drop {target_drop} (percentile {plan_knobs['percentile']:g} was chosen "
-                          "on the calibration text); pass percentile= explicitly to place these workloads in range",
-                          stacklevel=2)
+            rates = ", ".join(f"{w} {d:.1%}" for w, d in zip(outside.workload, outside.drop_rate))
+            warnings.warn(f"measured drop rates {rates} fall outside target_drop {target_drop} (percentile "
+                          f"{plan_knobs['percentile']:g} was chosen on the calibration text); pass percentile= "
+                          "explicitly to place these workloads in range", stacklevel=2)
     return table[[c for c in COLUMNS if c in table.columns] + [k for k in plan_knobs if k in table.columns]]

@@ -260,12 +260,16 @@ class _Accumulator:
             pd.concat(coact, ignore_index=True)
 
 
+def kv_cache_kwarg(model) -> str:
+    """The forward keyword (and output attribute) of the KV cache: transformers v5 `cache`, older `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def _run_chunks(model, docs, chunk: int, acc: _Accumulator, desc: str) -> None:
     """Prefill each document chunk by chunk, carrying the KV cache; chunk ids run over all documents."""
     from .routing import RoutingRecorder
     device, was_training = next(model.parameters()).device, model.training
-    # transformers v5 names the KV cache `cache`; older releases `past_key_values`
-    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    cache_arg = kv_cache_kwarg(model)
     bar = progress(total=sum(len(d) for d in docs) // chunk, desc=desc, unit="chunk")
     chunk_id = 0
     model.eval()                     # routing as in inference (no router noise / dropout)

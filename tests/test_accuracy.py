@@ -64,7 +64,7 @@ def test_pruning_plan_row_is_consistent(standin, tmp_path, monkeypatch):
     assert 0 < row.drop_rate < 1 and 0 <= row.pad_rate < 1
     assert row.accuracy_delta == pytest.approx(row.score - row.ref_score)   # paired mean of per-sample deltas
     assert row.accuracy_ci_low <= row.accuracy_delta <= row.accuracy_ci_high
-    assert row.kl > 0 and 0 < row.top1_agree <= 1.0 and row.percentile == 30   # random experts: tiny effects
+    assert row.kl > 0 and row.percentile == 30   # pruning moved the logits (random experts: by little)
 
 
 def test_percentile_for_drop_rate_picks_the_highest_in_range(standin, tmp_path, monkeypatch):

@@ -69,6 +69,14 @@ def errors(nb) -> list[str]:
             if o.get("output_type") == "error"]
 
 
+def run_knob_notebook(name: str, tmp_path: Path, knob_column: str, **params):
+    """Execute a one-knob sweep notebook (02-04, 06) writing rows; returns (notebook, rows indexed by the knob)."""
+    out = tmp_path / "rows"
+    nb = execute(name, tmp_path, **SMALL, **params, out_dir=str(out))
+    assert not errors(nb)
+    return nb, load_results(out).set_index(knob_column)
+
+
 def assert_png(blob: bytes):
     assert blob[:8] == b"\x89PNG\r\n\x1a\n" and len(blob) > 2000  # a real, non-empty figure
 
@@ -125,10 +133,7 @@ def test_01_calibration(kernel_env, tmp_path):
 
 @pytest.mark.slow
 def test_02_static_tiers(kernel_env, tmp_path):
-    out = tmp_path / "rows"
-    nb = execute("02_static_tiers", tmp_path, **SMALL, tier_values=[1, 3], out_dir=str(out))
-    assert not errors(nb)
-    df = load_results(out).set_index("n_tiers")
+    nb, df = run_knob_notebook("02_static_tiers", tmp_path, "n_tiers", tier_values=[1, 3])
     assert sorted(df.index) == [1, 3] and (df.variant == "npumoe-t").all()
     # the point of tiers: one uniform capacity pads the cold experts more than three tiers do
     assert df.loc[1, "pad_rate"] > df.loc[3, "pad_rate"]
@@ -138,10 +143,7 @@ def test_02_static_tiers(kernel_env, tmp_path):
 
 @pytest.mark.slow
 def test_03_grouping(kernel_env, tmp_path):
-    out = tmp_path / "rows"
-    nb = execute("03_grouping", tmp_path, **SMALL, group_sizes=[1, 8], platforms="m2-max", out_dir=str(out))
-    assert not errors(nb)
-    df = load_results(out).set_index("group_size")
+    nb, df = run_knob_notebook("03_grouping", tmp_path, "group_size", group_sizes=[1, 8], platforms="m2-max")
     assert (df.timing_source == "modeled").all()
     assert df.loc[8, "n_npu_calls"] < df.loc[1, "n_npu_calls"]   # one graph per group instead of per expert
     assert len(images(nb)) == 1
@@ -149,11 +151,8 @@ def test_03_grouping(kernel_env, tmp_path):
 
 @pytest.mark.slow
 def test_04_residency(kernel_env, tmp_path):
-    out = tmp_path / "rows"
-    nb = execute("04_residency", tmp_path, **SMALL, hot_thresholds=[0.0, 4096.0], platforms="m2-max",
-                 out_dir=str(out))
-    assert not errors(nb)
-    df = load_results(out).set_index("hot_threshold")
+    nb, df = run_knob_notebook("04_residency", tmp_path, "hot_threshold", hot_thresholds=[0.0, 4096.0],
+                               platforms="m2-max")
     # threshold 0 keeps every group on the NPU; above any group's load every expert runs on the CPU
     assert df.loc[0.0, "n_npu_calls"] > df.loc[4096.0, "n_npu_calls"]
     assert len(images(nb)) == 1
@@ -182,10 +181,7 @@ def test_05_baselines(baselines):
 
 @pytest.mark.slow
 def test_06_accuracy(kernel_env, tmp_path):
-    out = tmp_path / "rows"
-    nb = execute("06_accuracy", tmp_path, **SMALL, percentiles=[50.0, 99.0], variants="npumoe", out_dir=str(out))
-    assert not errors(nb)
-    df = load_results(out).set_index("percentile")
+    nb, df = run_knob_notebook("06_accuracy", tmp_path, "percentile", percentiles=[50.0, 99.0], variants="npumoe")
     assert df.loc[50.0, "drop_rate"] >= df.loc[99.0, "drop_rate"]   # lower capacity percentile drops more
     assert (df.accuracy_ci_low <= df.accuracy_ci_high).all()
     assert len(images(nb)) == 1

@@ -77,8 +77,8 @@ def prefill_rows(results: dict, model: str, workload: str, variant: str, prompt_
 
 def run_knob_sweep(model, knob: str, values, *, model_name: str | None = None, **run_kwargs) -> pd.DataFrame:
     """`run_experiment` once per value of one plan knob (tiers, group_size, hot_threshold, percentile, ...);
-    rows are concatenated and carry the knob's value in a column of the knob's name (`n_tiers` for tiers). `model`: a name/path or a
-    loaded (model, tokenizer) tuple (loaded once and reused)."""
+    rows are concatenated and carry the knob's value in a column of the knob's name (`n_tiers` for tiers).
+    `model`: a name/path or a loaded (model, tokenizer) tuple (loaded once and reused)."""
     from .runner import PLAN_KNOBS, run_experiment
     if knob not in PLAN_KNOBS:
         raise NpuMoeError(f"{knob!r} is not a plan knob; sweep one of {', '.join(PLAN_KNOBS)}")

@@ -244,8 +244,8 @@ def _cli_run(a: argparse.Namespace) -> int:
     df = run_experiment(model=a.model, workload=a.workload, variants=a.variant, platforms=a.platform,
                         prompt_len=a.prompt_len, chunk=a.chunk, plan=a.plan, repeats=a.repeats,
                         n_samples=a.samples, seed=a.seed, out=a.out, calib_workload=a.calib_workload,
-                        calib_tokens=a.calib_tokens, timeline=a.timeline, npu_backend=a.npu_backend, threads=a.threads,
-                        **knobs)
+                        calib_tokens=a.calib_tokens, timeline=a.timeline, npu_backend=a.npu_backend,
+                        threads=a.threads, **knobs)
     cols = ["variant", "platform", "timing_source", "ttft_s", "energy_per_token_mj", "cpu_busy_s", "n_npu_calls",
             "drop_rate", "pad_rate", "score", "accuracy_delta"]
     with pd.option_context("display.width", 200, "display.max_columns", 20):

@@ -191,8 +191,8 @@ class MultiKey(Workload):
 class VariableTracking(Workload):
     name = "ruler-vt"
     kind = "generate"
-    description = ("RULER variable tracking: chains 'ASSIGN 12345 -> ABCDE.' 'ASSIGN ABCDE -> FGHIJ.' hidden in a natural-text "
-                   "haystack with distractor chains; list all variables holding a value; exact set match")
+    description = ("RULER variable tracking: chains 'ASSIGN 12345 -> ABCDE.' 'ASSIGN ABCDE -> FGHIJ.' hidden in a "
+                   "natural-text haystack with distractor chains; list all variables holding a value; exact set match")
     max_new_tokens = 24
     metric = "exact_match"
     chance = 0.0
