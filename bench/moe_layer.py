@@ -3,11 +3,15 @@
 Variants (all given the same hidden states and routing; the router itself is identical for all and excluded):
   hf-eager, hf-grouped_mm   transformers' experts module (`config._experts_implementation`)
   static-3tier              PlanExecutor.__call__ (what `attach(model, plan)` runs): saliency -> dispatch -> pack
-                            -> one grouped bmm per group -> scatter, on a 3-tier plan (assign_tiers + make_groups)
-                            calibrated on other chunks of the same routing distribution
+                            -> every static slot of every group computed (the static graphs' shapes, padding
+                            included; expert GEMMs on pre-packed oneDNN weights) -> scatter, on a 3-tier plan
+                            (assign_tiers + make_groups) calibrated on other chunks of the same routing distribution
+  static-3tier-cpu          the same plan and executor with pad_rows="skip": the CPU computes each expert's filled
+                            rows only (same outputs; what untimed/modeled runs and CPU-resident groups do)
   static-dropless           the same path, 3 tiers sized to this chunk's own loads (nothing dropped)
   dropless-dynamic          packing.dropless_experts (plain `attach(model)`): capacity = load, one bmm per expert
-  bare-gemm                 the 3-tier plan's grouped FFN alone on pre-packed buffers (no dispatch/pack/scatter)
+  bare-gemm                 the 3-tier plan's expert FFNs alone on pre-packed buffers, every slot (no dispatch/pack/
+                            scatter)
   static-3tier-bf16         (fp32 runs only) static-3tier with the groups computed in bf16 (`npu_dtype`)
   static-groupcaps16        NOT a 3-tier plan: groups of 16 experts (by need), each with its own capacity (less
                             padding, same number of graphs); shows what the 3-tier quantization costs
@@ -240,16 +244,26 @@ def bench_layer(gname, dtype_name, chunks, args, shares, peaks) -> list[dict]:
         plan_dl, _ = build_plan(load[:, None], T, K, E, H, I, args.tier_rule, 100.0, args.group_size)
         hidden = torch.randn(T, H, generator=torch.Generator().manual_seed(args.seed), dtype=torch.float32).to(dtype)
         clock = TimingClock()
-        static = PlanExecutor(plan, [handle], clock=clock)
-        static_dl = PlanExecutor(plan_dl, [handle])
-        static_bf16 = PlanExecutor(plan, [handle], npu_dtype=torch.bfloat16) if dtype != torch.bfloat16 else None
+        kw = dict(cpu_kernel=args.cpu_kernel, pad_rows="compute")
+        static = PlanExecutor(plan, [handle], clock=clock, **kw)
+        static_cpu = PlanExecutor(plan, [handle], clock=(cpu_clock := TimingClock()), **dict(kw, pad_rows="skip"))
+        static_cpu._experts = static._experts          # share the packed weights (one copy in memory)
+        static_dl = PlanExecutor(plan_dl, [handle], **kw)
+        static_dl._experts = static._experts
+        static_bf16 = (PlanExecutor(plan, [handle], npu_dtype=torch.bfloat16, **kw) if dtype != torch.bfloat16
+                       else None)
         static_gc = PlanExecutor(build_plan_group_caps(counts, T, 16, args.drop_budget), [handle],
-                                 clock=(gc_clock := TimingClock()))
+                                 clock=(gc_clock := TimingClock()), **kw)
+        static_gc._experts = static._experts
         layout, _, gweights = static._compiled(handle)
         disp, _ = plan_dispatch(idx, w, layout)
         packed, work, out = pack(hidden, disp), Workspace(), torch.empty(layout.total_rows, H, dtype=dtype)
+        pex = static.packed_experts(handle)
+        spans = [(e, gs.start + j * gs.capacity, gs.capacity) for gs in layout.groups for j, e in enumerate(gs.experts)]
 
         def bare():
+            if all(gw is None for gw in gweights):
+                return pex.ffn_rows(packed, spans, out)
             for gs, gw in zip(layout.groups, gweights):
                 G = len(gs.experts)
                 group_ffn_into(packed[gs.start:gs.start + gs.rows].view(G, gs.capacity, H), gw,
@@ -262,6 +276,7 @@ def bench_layer(gname, dtype_name, chunks, args, shares, peaks) -> list[dict]:
             return run
         fns = {"hf-eager": hf("eager"), "hf-grouped_mm": hf("grouped_mm"),
                "static-3tier": lambda: static(handle, hidden, idx, w),
+               "static-3tier-cpu": lambda: static_cpu(handle, hidden, idx, w),
                "static-dropless": lambda: static_dl(handle, hidden, idx, w),
                "dropless-dynamic": lambda: dropless_experts(handle.weights, hidden, idx, w),
                "bare-gemm": bare, "static-groupcaps16": lambda: static_gc(handle, hidden, idx, w)}
@@ -273,7 +288,11 @@ def bench_layer(gname, dtype_name, chunks, args, shares, peaks) -> list[dict]:
             ref = hf("eager")().float()
             err = {k: float((fns[k]().float() - ref).abs().max()) for k in ("static-dropless", "dropless-dynamic")
                    if k in fns}
+            if "static-3tier-cpu" in fns:   # skipping padding must not change a bit
+                err["static-3tier-cpu vs static-3tier"] = float((fns["static-3tier-cpu"]().float()
+                                                                 - fns["static-3tier"]().float()).abs().max())
             clock.times.clear()
+            cpu_clock.times.clear()
             ts = time_interleaved(fns, args.repeats)
         st = clock.stats
         flops = 6 * H * I * T * K
@@ -281,12 +300,16 @@ def bench_layer(gname, dtype_name, chunks, args, shares, peaks) -> list[dict]:
         roof = max(flops / peak, wbytes / bw)
         t_static = statistics.median(ts["static-3tier"]) if "static-3tier" in ts else float("nan")
         share = {k: statistics.median(v) / t_static for k, v in clock.times.items()}
+        t_cpu = statistics.median(ts["static-3tier-cpu"]) if "static-3tier-cpu" in ts else float("nan")
+        share_cpu = {k: statistics.median(v) / t_cpu for k, v in cpu_clock.times.items()}
         meta = dict(geometry=gname, dtype=dtype_name, chunk=T, tiers=tuple(ta.tier_capacities),
                     percentile=plan["layers"][0]["percentile"],
                     n_groups=len(layout.groups), slots=layout.total_rows, routed=T * K,
                     drop_pct=100 * st.dropped / max(st.routed, 1), pad_pct=100 * st.padded / max(st.slots, 1),
                     pack_scatter_pct=100 * (share.get("pack", 0) + share.get("scatter", 0)),
-                    dispatch_pct=100 * share.get("dispatch", 0), roofline_ms=1e3 * roof,
+                    dispatch_pct=100 * share.get("dispatch", 0),
+                    pack_scatter_pct_cpu=100 * (share_cpu.get("pack", 0) + share_cpu.get("scatter", 0)),
+                    roofline_ms=1e3 * roof,
                     roof_bound="compute" if flops / peak >= wbytes / bw else "memory",
                     peak_gflops=peak / 1e9, bw_gbs=bw / 1e9, err=err, experts_touched=int((load > 0).sum()),
                     gc=gc_clock.stats)
@@ -297,7 +320,7 @@ def bench_layer(gname, dtype_name, chunks, args, shares, peaks) -> list[dict]:
                              vs_grouped=t_g / m, gflops=flops / m / 1e9, pct_peak=100 * flops / m / peak,
                              vs_roofline=m / roof))
         print_config(rows[-len(ts):], sys.stderr)
-        del static, static_dl, static_bf16, static_gc, gweights, packed, out, work
+        del static, static_cpu, static_dl, static_bf16, static_gc, gweights, packed, out, work, pex
     return rows
 
 
@@ -319,6 +342,8 @@ def markdown(rows) -> str:
         gc = r["gc"]
         extra = (f"{r['drop_pct']:.2f} | {r['pad_pct']:.1f} | {r['pack_scatter_pct']:.1f}"
                  if r["variant"] == "static-3tier" else
+                 f"{r['drop_pct']:.2f} | 0 (skipped) | {r['pack_scatter_pct_cpu']:.1f}"
+                 if r["variant"] == "static-3tier-cpu" else
                  f"{100 * gc.dropped / max(gc.routed, 1):.2f} | {100 * gc.padded / max(gc.slots, 1):.1f} | "
                  if r["variant"] == "static-groupcaps16" and gc is not None else " | | ")
         out.append(f"| {r['geometry']} | {r['dtype']} | {r['chunk']} | {r['variant']} | {r['median_ms']:.1f} | "
@@ -347,6 +372,7 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--variants", default="", help="subset of layer variants (HF ones always run)")
+    p.add_argument("--cpu-kernel", default="auto", help="expert GEMMs of the static path: auto | onednn | torch")
     p.add_argument("--tier-rule", default="optimal", help="assign_tiers rule (tiered|optimal|uniform|max_observed)")
     p.add_argument("--percentile", type=float, default=None, help="tier percentile (default: by --drop-budget)")
     p.add_argument("--drop-budget", type=float, default=0.02, help="max drop rate on the calibration chunks")

@@ -5,7 +5,9 @@ calibration_overhead: a forward of the tiny model under calibration's RoutingRec
   cache carried. The bundled `data/models/npumoe-tiny` when present, else the same architecture at random init.
 prefill_tokens_per_s: a 4-layer model at Qwen3-30B-A3B geometry (random weights, bf16), one forward per prompt,
   HF eager / grouped_mm vs the workbench: `attach(model, plan)` with a 3-tier plan calibrated on other prompts or
-  fitted to the prompt itself, and the dropless path. Implementations are switched on one model (same weights)
+  fitted to the prompt itself, executed as static graphs (`pad_rows="compute"`: every slot) or by the CPU
+  (`pad_rows="skip"`: filled rows only; the calibrated plan also with `spill=True`, overflow computed instead of
+  dropped), and the dropless path. Implementations are switched on one model (same weights)
   and timed interleaved. At random init each prompt has its own hot experts (a prompt-wide common component of
   the hidden states dominates the router logits), the worst case for a calibrated static plan.
 """
@@ -105,7 +107,10 @@ def _plan_for(model, prompts, args, percentile=None):
 
 class _DropCounter:
     """Engine clock that runs ops untimed and sums the drop accounting of every layer call."""
-    chunk, pad_mask, routed, dropped = 0, None, 0, 0
+    chunk, pad_mask = 0, None
+
+    def __init__(self):
+        self.routed = self.dropped = 0
 
     def op(self, name, role, layer, cost, fn, *args, deps=()):
         return fn(*args), None
@@ -113,6 +118,14 @@ class _DropCounter:
     def layer_stats(self, layer, st):
         self.routed += st.routed
         self.dropped += st.dropped
+
+
+def _cpu_twin(ex, **options):
+    """Another PlanExecutor on the same plan sharing `ex`'s packed weights (one copy in memory)."""
+    from npumoe_lab.engine import PlanExecutor
+    twin = PlanExecutor(ex.plan, ex.handles, clock=_DropCounter(), **options)
+    twin._experts = ex._experts
+    return twin
 
 
 @torch.no_grad()
@@ -126,9 +139,11 @@ def prefill_tokens_per_s(args) -> str:
     lines = [f"Whole-model prefill: {args.prefill_layers}-layer Qwen3-MoE at Qwen3-30B-A3B geometry (hidden 2048, "
              "128 experts top-8, moe_intermediate 768, 32/4 heads x 128; vocab 4096, HF init, sdpa attention), "
              "bf16, one forward per prompt of random token ids, logits of the last token only; tokens/s = prompt / "
-             "median forward time. `static (calibrated)`: 3-tier plan from 12 other prompts; `static (fitted)`: "
-             "3 tiers fitted to this prompt's own routing (an oracle plan: what calibration gives when the routing "
-             "distribution is stable); `dropless`: `attach(model)` without a plan.", "",
+             "median forward time. `calibrated`: 3-tier plan from 12 other prompts; `fitted`: 3 tiers fitted to "
+             "this prompt's own routing (an oracle plan: what calibration gives when the routing distribution is "
+             "stable); `static graphs`: every static slot computed (pad_rows='compute'); `CPU`: filled rows only "
+             "(pad_rows='skip'), with `spill` the overflow computed on the CPU instead of dropped; `dropless`: "
+             "`attach(model)` without a plan; slots / routed: the plan's static slots per routed assignment.", "",
              "| prompt | block | variant | tokens/s | vs HF eager | vs HF grouped_mm | slots / routed | drop % | "
              "last-token logits max abs diff vs eager |", "|---|---|---|---|---|---|---|---|---|"]
     for prompt in [int(p) for p in args.prompts.split(",")]:
@@ -144,26 +159,30 @@ def prefill_tokens_per_s(args) -> str:
                 return model(ids, use_cache=False, logits_to_keep=1).logits.float()
             return go
         for block, (plan, spr) in (("A", _plan_for(model, calib, args)), ("B", _plan_for(model, [ids], args, 100))):
-            nl.attach(model, plan)
+            nl.attach(model, plan, pad_rows="compute")
             static_ex = model._npumoe.executor
-            static_ex.clock = stats = _DropCounter()
-            name = "static (calibrated)" if block == "A" else "static (fitted)"
-            fns = {"HF eager": run("eager"), "HF grouped_mm": run("grouped_mm"), name: run("npumoe", static_ex),
+            static_ex.clock = _DropCounter()
+            what = "calibrated" if block == "A" else "fitted"
+            cpu_ex = _cpu_twin(static_ex, pad_rows="skip", spill=block == "A")
+            fns = {"HF eager": run("eager"), "HF grouped_mm": run("grouped_mm"),
+                   f"static ({what}; static graphs)": run("npumoe", static_ex),
+                   f"static ({what}; CPU{', spill' if block == 'A' else ''})": run("npumoe", cpu_ex),
                    "dropless": run("npumoe", dropless_executor)}
             if block == "B":
-                fns = {k: fns[k] for k in ("HF eager", name)}
+                fns = {k: v for k, v in fns.items() if k not in ("HF grouped_mm", "dropless")}
             ref = fns["HF eager"]()
             diffs = {k: float((f() - ref).abs().max()) for k, f in fns.items()}
-            stats.routed = stats.dropped = 0
+            for ex in (static_ex, cpu_ex):
+                ex.clock.routed = ex.clock.dropped = 0
             ts = time_interleaved(fns, args.repeats)
-            drop = 100 * stats.dropped / max(stats.routed, 1)
+            drops = [100 * ex.clock.dropped / max(ex.clock.routed, 1) for ex in (static_ex, cpu_ex)]
             nl.detach(model)
-            del static_ex
             tps = {k: prompt / statistics.median(v) for k, v in ts.items()}
             for k, v in tps.items():
                 gm = f"{v / tps['HF grouped_mm']:.2f}x" if "HF grouped_mm" in tps else ""
-                extra = f"{spr:.2f} | {drop:.2f}" if k.startswith("static") else " | "
+                extra = f"{spr:.2f} | {drops['CPU' in k]:.2f}" if k.startswith("static") else " | "
                 lines.append(f"| {prompt} | {block} | {k} | {v:.0f} | {v / tps['HF eager']:.2f}x | {gm} | {extra} | "
                              f"{diffs[k]:.3g} |")
             print("\n".join(lines[-len(tps):]), flush=True)
+            del static_ex, cpu_ex
     return "\n".join(lines)

@@ -12,11 +12,13 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from .cpu_ffn import PackedExperts, resolve_kernel
 from .errors import NpuMoeError
 from .packing import (Layout, Workspace, group_ffn, group_ffn_into, pack,
                       plan_dispatch, run_groups, scatter)
 
 COLD_MODES = ("dynamic", "static")
+PAD_MODES = ("auto", "compute", "skip")
 
 
 def _get(obj, key, default=None):
@@ -60,10 +62,18 @@ class PlanExecutor:
     seed: int = 0
     clock: object = field(default_factory=NullClock)
     npu_backend: object = None           # resident groups: None/"torch" (in process) | "onnxruntime" | "coreml"
+    cpu_kernel: str = "auto"             # in-process expert GEMMs: "onednn" (pre-packed weights) | "torch" | "auto"
+    # In-process static groups: "compute" every static slot (the graph's shape), "skip" the zero padding rows
+    # (same outputs: rows are independent and padding is never read back), "auto": compute only when the clock
+    # measures wall time (a measured static graph costs its padding); untimed and modeled runs skip it (the
+    # modeled cost is the static shape's either way).
+    pad_rows: str = "auto"
 
     def __post_init__(self):
         if self.cold not in COLD_MODES:
             raise NpuMoeError(f"cold={self.cold!r} is not a cold-expert mode; use one of {COLD_MODES}")
+        if self.pad_rows not in PAD_MODES:
+            raise NpuMoeError(f"pad_rows={self.pad_rows!r} is not a padding mode; use one of {PAD_MODES}")
         from .saliency import SALIENCY_RULES
         rule = self.saliency or _get(self.plan, "saliency", "weight_x_norm")
         if rule not in SALIENCY_RULES:
@@ -75,7 +85,8 @@ class PlanExecutor:
         missing = [h.layer for h in self.handles if h.layer not in self._layers]
         if missing:
             raise NpuMoeError(f"the plan has no entry for MoE layers {missing}: it was built for another model")
-        self._static = {}  # layer -> (Layout, cold expert mask, stacked weights per group)
+        self._static = {}  # layer -> (Layout, cold expert mask, per group: stacked weights or None = per expert)
+        self._experts = {}  # layer -> PackedExperts (every expert; in-process groups, cold and spilled experts)
         if self.npu_backend == "torch":
             self.npu_backend = None
         elif isinstance(self.npu_backend, str):   # an external static-graph runtime plays the NPU
@@ -98,16 +109,34 @@ class PlanExecutor:
             if resident or self.cold == "static":
                 groups.append((experts, int(_get(g, "capacity")), resident, int(_get(g, "id", len(groups)))))
         layout = _layout_with_gaps(E, groups)
-        weights = []
+        weights, wdtype = [], handle.weights.gate_up.dtype
         for gs in layout.groups:
             w = handle.weights.select(gs.experts)
             if gs.resident and self.npu_backend is not None:
                 w = self.npu_backend.compile(handle.layer, gs.group_id, gs.capacity, w.contiguous())
-            else:   # in process: materialised once, bmm-friendly, in the NPU's precision when it has one
-                w = _bmm_weights(w, self.npu_dtype if gs.resident else None)
+            elif gs.resident and self.npu_dtype not in (None, wdtype):
+                w = _bmm_weights(w, self.npu_dtype)   # the NPU's own precision: one bmm per group on a cast copy
+            elif self._per_expert(wdtype):
+                w = None                              # per expert on the layer's PackedExperts
+            else:   # in process: materialised once, bmm-friendly
+                w = _bmm_weights(w)
             weights.append(w)
         self._static[handle.layer] = (layout, cold, weights)
         return self._static[handle.layer]
+
+    def _per_expert(self, dtype) -> bool:
+        """Expert by expert on pre-packed weights (oneDNN) rather than one bmm per group."""
+        return resolve_kernel(self.cpu_kernel, dtype) == "onednn"
+
+    def packed_experts(self, handle) -> PackedExperts:
+        if handle.layer not in self._experts:
+            self._experts[handle.layer] = PackedExperts(handle.weights, self.cpu_kernel)
+        return self._experts[handle.layer]
+
+    def _skip_padding(self) -> bool:
+        if self.pad_rows == "auto":
+            return not getattr(self.clock, "measured", False)
+        return self.pad_rows == "skip"
 
     # -- per call --------------------------------------------------------------------------------------------
     def __call__(self, handle, hidden, top_k_index, top_k_weights):
@@ -138,6 +167,7 @@ class PlanExecutor:
                                    deps=(ev_pack,))
         out = work.get("out", (R, H), hidden.dtype, hidden.device)
         group_events = []
+        fill = torch.minimum(dispatch.load, layout.capacity).tolist() if self._skip_padding() else None
         for gs, w in zip(layout.groups, gweights):
             G = len(gs.experts)
             x = packed[gs.start:gs.start + gs.rows].view(G, gs.capacity, H)
@@ -146,6 +176,12 @@ class PlanExecutor:
             if gs.resident and self.npu_backend is not None:
                 _, ev = clock.op(f"group{gs.group_id}", role, layer, ("ffn", gs, handle.weights), _run_backend,
                                  self.npu_backend, w, x, y, deps=(ev_pack,))
+            elif w is None or (fill is not None and w.gate_up.dtype == hidden.dtype):
+                # expert by expert: the filled rows (skip; a bmm would need the padding) or all gs.capacity rows
+                spans = [(e, gs.start + j * gs.capacity, gs.capacity if fill is None else fill[e])
+                         for j, e in enumerate(gs.experts)]
+                _, ev = clock.op(f"group{gs.group_id}", role, layer, ("ffn", gs, handle.weights),
+                                 self.packed_experts(handle).ffn_rows, packed, spans, out, deps=(ev_pack,))
             else:
                 _, ev = clock.op(f"group{gs.group_id}", role, layer, ("ffn", gs, w), _run_group, x, w, y, work,
                                  deps=(ev_pack,))
@@ -157,8 +193,10 @@ class PlanExecutor:
         parts = []
         for mask, name in extra:
             if bool(mask.any()):
+                experts = (self.packed_experts(handle) if self._per_expert(handle.weights.gate_up.dtype)
+                           else handle.weights)
                 y, ev = clock.op(name, "cpu", layer, ("dynamic", mask, handle.weights, top_k_index), _dynamic_experts,
-                                 handle.weights, hidden, top_k_index, top_k_weights, mask, self.renormalize,
+                                 experts, hidden, top_k_index, top_k_weights, mask, self.renormalize,
                                  deps=(ev_pack,))
                 parts.append(y)
                 group_events.append(ev)
@@ -218,9 +256,16 @@ def _run_backend(backend, handle, x, out):
 
 
 def _dynamic_experts(weights, hidden, top_k_index, top_k_weights, mask, renormalize):
-    """Assignments in `mask`, each expert at its actual load (CPU: dynamic shapes are fine)."""
+    """Assignments in `mask`, each expert at its actual load (CPU: dynamic shapes are fine). `weights`: the
+    layer's ExpertWeights (one bmm per expert) or its PackedExperts."""
     dispatch, layout = plan_dispatch(top_k_index, _masked(top_k_weights, mask), None, active=mask)
-    return scatter(run_groups(pack(hidden, dispatch), layout, weights), dispatch)
+    packed = pack(hidden, dispatch)
+    if isinstance(weights, PackedExperts):
+        out = weights.ffn_rows(packed, [(g.experts[0], g.start, g.capacity) for g in layout.groups],
+                               torch.empty_like(packed))
+    else:
+        out = run_groups(packed, layout, weights)
+    return scatter(out, dispatch)
 
 
 def _combine(out, dispatch, parts, work=None):

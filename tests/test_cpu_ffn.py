@@ -1,0 +1,141 @@
+"""Pre-packed CPU expert FFNs (npumoe_lab/cpu_ffn.py) and the executor's padding modes (issue 8).
+
+References: a NumPy re-implementation of the SwiGLU expert, HF's own eager experts forward, and the padded
+(every-slot) execution of the same plan."""
+import numpy as np
+import pytest
+import torch
+
+from npumoe_lab.cpu_ffn import PackedExperts, onednn_packs, resolve_kernel
+from npumoe_lab.engine import PlanExecutor
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.experts import LayerHandle
+from npumoe_lab.models.weights import expert_weights
+from tests.test_fastpath import E, H, K, T, experts_module, plan, routing
+
+torch.set_num_threads(1)
+KERNELS = ["torch"] + (["onednn"] if onednn_packs(torch.float32) else [])
+
+
+def numpy_expert(m, e, x):
+    """SwiGLU expert e of a Qwen3MoeExperts module in float64 NumPy: down(silu(x Wg^T) * (x Wu^T))."""
+    gu = m.gate_up_proj[e].detach().double().numpy()          # [2I, H]: gate rows then up rows
+    dn = m.down_proj[e].detach().double().numpy()             # [H, I]
+    h = x.double().numpy() @ gu.T
+    i = h.shape[1] // 2
+    g, u = h[:, :i], h[:, i:]
+    return (g / (1 + np.exp(-g)) * u) @ dn.T
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("rows", [1, 7, 33])
+@torch.no_grad()
+def test_ffn_matches_numpy_swiglu(kernel, rows):
+    m = experts_module()
+    px = PackedExperts(expert_weights(m), kernel)
+    assert px.kernel == kernel
+    x = torch.randn(rows, H, generator=torch.Generator().manual_seed(rows))
+    for e in (0, 5):
+        np.testing.assert_allclose(px.ffn(e, x).numpy(), numpy_expert(m, e, x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not onednn_packs(torch.bfloat16), reason="oneDNN cannot pack bf16 on this CPU")
+@torch.no_grad()
+def test_bf16_packed_close_to_fp64_and_to_hf_linear():
+    m = experts_module(torch.bfloat16)
+    px = PackedExperts(expert_weights(m), "onednn")
+    x = torch.randn(20, H, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    y = px.ffn(3, x).float().numpy()
+    ref = numpy_expert(m, 3, x)
+    assert np.abs(y - ref).max() <= 0.02 * np.abs(ref).max()           # bf16: ~3 significant digits
+    plain = PackedExperts(expert_weights(m), "torch").ffn(3, x).float().numpy()
+    assert np.abs(y - plain).max() <= 0.01 * np.abs(ref).max()
+
+
+@torch.no_grad()
+def test_ffn_rows_writes_only_its_spans():
+    m = experts_module()
+    px = PackedExperts(expert_weights(m), "auto")
+    buf = torch.randn(12, H)
+    out = torch.full((12, H), 7.0)
+    px.ffn_rows(buf, [(2, 0, 3), (6, 5, 4), (1, 11, 0)], out)
+    np.testing.assert_allclose(out[0:3].numpy(), numpy_expert(m, 2, buf[0:3]), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out[5:9].numpy(), numpy_expert(m, 6, buf[5:9]), rtol=1e-4, atol=1e-5)
+    assert bool((out[3:5] == 7).all()) and bool((out[9:] == 7).all())
+
+
+def test_grad_mode_uses_plain_weights_and_keeps_the_graph():
+    m = experts_module()                                   # parameters require grad
+    px = PackedExperts(expert_weights(m), "auto")
+    x = torch.randn(5, H, requires_grad=True)
+    px.ffn(1, x).sum().backward()
+    assert x.grad is not None and m.gate_up_proj.grad is not None
+
+
+def test_bad_kernel_name():
+    with pytest.raises(NpuMoeError, match="cpu_kernel"):
+        resolve_kernel("mkl", torch.float32)
+    with pytest.raises(NpuMoeError, match="pad_rows"):
+        PlanExecutor(plan((16, 16)), [LayerHandle(0, experts_module())], pad_rows="none")
+
+
+class _Measured:
+    """A clock that says it measures wall time (like runtime.Clock(measured=True))."""
+    measured, chunk, pad_mask = True, 0, None
+
+    def op(self, name, role, layer, cost, fn, *args, deps=()):
+        return fn(*args), None
+
+    def layer_stats(self, layer, stats):
+        pass
+
+
+def _rows_computed(monkeypatch):
+    seen = []
+    orig = PackedExperts.ffn
+
+    def spy(self, e, x, out=None):
+        seen.append(x.shape[0])
+        return orig(self, e, x, out)
+    monkeypatch.setattr(PackedExperts, "ffn", spy)
+    return seen
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@torch.no_grad()
+def test_skipping_padding_keeps_outputs_and_computes_only_filled_rows(kernel, monkeypatch):
+    m = experts_module()
+    h = LayerHandle(0, m)
+    hidden = torch.randn(T, H, generator=torch.Generator().manual_seed(4))
+    idx, w = routing(1)
+    load = torch.bincount(idx.reshape(-1), minlength=E)
+    p = plan((12, 8))                                      # below the hottest loads: some assignments dropped
+    seen = _rows_computed(monkeypatch)
+    y_skip = PlanExecutor(p, [h], cpu_kernel=kernel, pad_rows="skip")(h, hidden, idx, w)
+    skipped = list(seen)
+    seen.clear()
+    y_full = PlanExecutor(p, [h], cpu_kernel=kernel, pad_rows="compute")(h, hidden, idx, w)
+    cap = torch.tensor([12] * 4 + [8] * 4)
+    assert sorted(skipped) == sorted(int(n) for n in torch.minimum(load, cap) if n > 0)
+    # every static slot: expert by expert on packed weights, or one bmm per group on plain ones
+    assert sorted(seen) == ([8] * 4 + [12] * 4 if kernel == "onednn" else [])
+    torch.testing.assert_close(y_skip, y_full, rtol=1e-6, atol=1e-6)
+    # the reference: HF eager with the dropped assignments' weights zeroed (what the executor's dispatch kept)
+    m.config._experts_implementation = "eager"
+    cap_ok = PlanExecutor(plan((T, T)), [h], cpu_kernel=kernel)(h, hidden, idx, w)
+    torch.testing.assert_close(cap_ok, m(hidden, idx, w), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif("onednn" not in KERNELS, reason="oneDNN cannot pack fp32 here")
+@torch.no_grad()
+def test_auto_padding_computes_static_shapes_only_when_measured(monkeypatch):
+    m = experts_module()
+    h = LayerHandle(0, m)
+    hidden = torch.randn(T, H, generator=torch.Generator().manual_seed(4))
+    idx, w = routing(2)
+    seen = _rows_computed(monkeypatch)
+    PlanExecutor(plan((16, 16)), [h], clock=_Measured(), cpu_kernel="onednn")(h, hidden, idx, w)
+    assert seen == [16] * E                                # a measured static graph pays for its padding
+    seen.clear()
+    PlanExecutor(plan((16, 16)), [h], cpu_kernel="onednn")(h, hidden, idx, w)   # untimed: the filled rows only
+    assert sum(seen) == int(torch.minimum(torch.bincount(idx.reshape(-1), minlength=E), torch.tensor(16)).sum())
