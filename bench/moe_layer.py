@@ -72,12 +72,17 @@ def med_iqr(ts):
 
 def measure_peaks(dtype, repeats: int = 5) -> tuple[float, float]:
     """(dense GEMM FLOP/s in dtype, memory read bytes/s), measured now on this machine. The GEMM peak is the best
-    of mm/bmm with row-major or transposed B (torch's CPU kernels differ a lot between these forms)."""
+    of mm/bmm with row-major or transposed B and oneDNN on pre-packed B (torch's CPU kernels differ between
+    these forms)."""
     a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 3072, dtype=dtype)
     A, B = a.view(2, 1024, 2048), b.expand(2, 2048, 3072)
     bt, Bt = b.t().contiguous().t(), b.t().contiguous().t().expand(2, 2048, 3072)
     forms = {"mm": lambda: a @ b, "mm_tB": lambda: a @ bt, "bmm": lambda: torch.bmm(A, B),
              "bmm_tB": lambda: torch.bmm(A, Bt)}
+    from npumoe_lab.cpu_ffn import onednn_packs
+    if onednn_packs(dtype):      # the form the static path uses: weights pre-packed once for oneDNN
+        wp = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), 2048)
+        forms["onednn_packed"] = lambda: torch.ops.mkldnn._linear_pointwise(a, wp, None, "none", [], "")
     best = min(min(v) for v in time_interleaved(forms, repeats).values())
     big = torch.ones(64 * 2**20, dtype=torch.float32)           # 256 MB, far beyond the caches
     rs = time_interleaved({"read": lambda: big.sum()}, repeats)["read"]

@@ -120,6 +120,11 @@ class _DropCounter:
         self.dropped += st.dropped
 
 
+def _skip_experts(module, hidden_states, top_k_index, top_k_weights):
+    """An experts implementation that computes nothing: times the rest of the forward (attention, routers...)."""
+    return torch.zeros_like(hidden_states)
+
+
 def _cpu_twin(ex, **options):
     """Another PlanExecutor on the same plan sharing `ex`'s packed weights (one copy in memory)."""
     from npumoe_lab.engine import PlanExecutor
@@ -133,9 +138,15 @@ def prefill_tokens_per_s(args) -> str:
     """Two interleaved blocks per prompt (one static executor alive at a time: each holds a copy of the expert
     weights): [eager, grouped_mm, dropless, static with a plan calibrated on 12 other prompts], then [eager, static
     with tiers fitted to this prompt's own routing]. Ratios are taken within a block."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
     import npumoe_lab as nl
+    from moe_layer import measure_peaks
     from npumoe_lab.experts import dropless_executor, set_executor
+    ALL_EXPERTS_FUNCTIONS.register("bench_skip_experts", _skip_experts)
     model = _big_model(args.prefill_layers, torch.bfloat16)
+    peak = measure_peaks(torch.bfloat16)[0]
+    bounds = []
     lines = [f"Whole-model prefill: {args.prefill_layers}-layer Qwen3-MoE at Qwen3-30B-A3B geometry (hidden 2048, "
              "128 experts top-8, moe_intermediate 768, 32/4 heads x 128; vocab 4096, HF init, sdpa attention), "
              "bf16, one forward per prompt of random token ids, logits of the last token only; tokens/s = prompt / "
@@ -167,17 +178,27 @@ def prefill_tokens_per_s(args) -> str:
             fns = {"HF eager": run("eager"), "HF grouped_mm": run("grouped_mm"),
                    f"static ({what}; static graphs)": run("npumoe", static_ex),
                    f"static ({what}; CPU{', spill' if block == 'A' else ''})": run("npumoe", cpu_ex),
-                   "dropless": run("npumoe", dropless_executor)}
+                   "dropless": run("npumoe", dropless_executor),
+                   "experts skipped (the rest of the forward)": run("bench_skip_experts")}
             if block == "B":
-                fns = {k: v for k, v in fns.items() if k not in ("HF grouped_mm", "dropless")}
+                fns = {k: v for k, v in fns.items() if k not in ("HF grouped_mm", "dropless") and "skipped" not in k}
             ref = fns["HF eager"]()
-            diffs = {k: float((f() - ref).abs().max()) for k, f in fns.items()}
+            diffs = {k: float((f() - ref).abs().max()) if "skipped" not in k else float("nan")
+                     for k, f in fns.items()}
             for ex in (static_ex, cpu_ex):
                 ex.clock.routed = ex.clock.dropped = 0
             ts = time_interleaved(fns, args.repeats)
             drops = [100 * ex.clock.dropped / max(ex.clock.routed, 1) for ex in (static_ex, cpu_ex)]
             nl.detach(model)
             tps = {k: prompt / statistics.median(v) for k, v in ts.items()}
+            if block == "A":    # Amdahl: what any experts path can give when the rest of the forward stays HF's
+                t_e, t_rest = prompt / tps["HF eager"], prompt / tps.pop("experts skipped (the rest of the forward)")
+                t_roof = len(plan["layers"]) * prompt * 8 * 6 * 2048 * 768 / peak
+                bounds.append(f"- prompt {prompt}: the experts are {100 * (t_e - t_rest) / t_e:.0f} % of HF eager's "
+                              f"forward ({1e3 * t_e:.0f} ms; the rest {1e3 * t_rest:.0f} ms). Bound on the speedup "
+                              f"of any experts path: {t_e / (t_rest + t_roof):.2f}x with the experts at the measured "
+                              f"dense GEMM peak ({peak / 1e9:.0f} GFLOP/s, {1e3 * t_roof:.0f} ms of useful FLOPs), "
+                              f"{t_e / t_rest:.2f}x with the experts free.")
             for k, v in tps.items():
                 gm = f"{v / tps['HF grouped_mm']:.2f}x" if "HF grouped_mm" in tps else ""
                 extra = f"{spr:.2f} | {drops['CPU' in k]:.2f}" if k.startswith("static") else " | "
@@ -185,4 +206,5 @@ def prefill_tokens_per_s(args) -> str:
                              f"{diffs[k]:.3g} |")
             print("\n".join(lines[-len(tps):]), flush=True)
             del static_ex, cpu_ex
+    lines += [""] + bounds
     return "\n".join(lines)

@@ -1,11 +1,11 @@
 """Expert FFNs on the CPU with weights pre-packed once, the way a CPU inference runtime holds them.
 
 oneDNN's matmul wants its B operand in a blocked (VNNI) layout. Handed plain weights it re-lays them out on every
-call, which at prefill row counts costs a large part of the GEMM. Packing each expert's two matrices once
+call (at 32 rows per expert, bf16, F.linear took 1.28x the time of the packed form, below). Packing each expert's two matrices once
 (`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's CPU freezing does) lets every later call stream
 the packed weights. `bench/gemm_forms.py` measures the forms side by side (bench/RESULTS.md): on the project VM
-(Zen 4, 2 threads, 32 experts' weights streamed from DRAM) packed bf16 expert GEMMs run 1.1-1.2x faster than one
-bmm over the group at 32-64 rows per expert, and fp32 ones about 2x faster than F.linear.
+(Zen 4, 2 threads, 32 experts' weights streamed from DRAM) packed bf16 expert GEMMs ran 1.37x / 1.10x / 1.05x /
+1.00x as fast as one bmm over the group at 32 / 64 / 128 / 256 rows per expert, fp32 ones 1.16-1.39x.
 A row's result does not depend on the values of the other rows, so a caller may compute only the rows it needs;
 oneDNN's blocking and thread split do depend on the row count, so two row counts can differ by a rounding.
 
@@ -36,12 +36,18 @@ def onednn_packs(dtype: torch.dtype) -> bool:
         return False
 
 
-def resolve_kernel(kernel: str, dtype: torch.dtype) -> str:
+def resolve_kernel(kernel: str, dtype: torch.dtype, device="cpu") -> str:
+    """The kernel that runs: "auto" -> "onednn" for CPU weights of a dtype oneDNN packs here, else "torch"."""
     if kernel not in KERNELS:
         from .errors import NpuMoeError
         raise NpuMoeError(f"cpu_kernel={kernel!r} is not a CPU expert kernel; use one of {KERNELS}")
+    on_cpu = torch.device(device).type == "cpu"
     if kernel == "auto":
-        return "onednn" if onednn_packs(dtype) else "torch"
+        return "onednn" if on_cpu and onednn_packs(dtype) else "torch"
+    if kernel == "onednn" and not (on_cpu and onednn_packs(dtype)):
+        from .errors import NpuMoeError
+        raise NpuMoeError(f"cpu_kernel='onednn' cannot pack {dtype} weights on {device} with this torch build/CPU; "
+                          "use cpu_kernel='auto' or 'torch'")
     return kernel
 
 
@@ -51,22 +57,28 @@ def _is_hf_swiglu(w: ExpertWeights) -> bool:
 
 
 class PackedExperts:
-    """Every expert of one layer, each matrix in F.linear orientation ([N, K]), packed for oneDNN when
-    `kernel` allows. Memory: one packed copy of the layer's expert weights (none for kernel="torch")."""
+    """The experts of one layer, each matrix in F.linear orientation ([N, K]), packed for oneDNN when `kernel`
+    allows. An expert is packed the first time it runs, so memory grows to one packed copy of the experts that
+    were ever routed to (none for kernel="torch"). Packed weights are a snapshot, like a compiled graph's:
+    re-attach after changing the model's weights."""
 
     def __init__(self, weights: ExpertWeights, kernel: str = "auto", rows_hint: int = 128):
         self.w = weights
-        self.kernel = resolve_kernel(kernel, weights.gate_up.dtype)
+        self.kernel = resolve_kernel(kernel, weights.gate_up.dtype, weights.gate_up.device)
         self.swiglu = _is_hf_swiglu(weights)
         # F.linear orientation: gate_up [E, H, 2I] -> per expert [2I, H]; HF's [E, 2I, H] storage makes this a view
         self._gu = weights.gate_up.transpose(1, 2)
         self._dn = weights.down.transpose(1, 2)
-        self._packed = None
-        if self.kernel == "onednn":
+        self._rows_hint = rows_hint
+        self._packed = [None] * weights.n_experts if self.kernel == "onednn" else None
+
+    def _pack(self, e):
+        if self._packed[e] is None:
             with torch.no_grad():
                 pk = torch.ops.mkldnn._reorder_linear_weight
-                self._packed = [(pk(self._gu[e].contiguous(), rows_hint), pk(self._dn[e].contiguous(), rows_hint))
-                                for e in range(weights.n_experts)]
+                self._packed[e] = (pk(self._gu[e].contiguous(), self._rows_hint),
+                                   pk(self._dn[e].contiguous(), self._rows_hint))
+        return self._packed[e]
 
     @property
     def n_experts(self) -> int:
@@ -76,7 +88,7 @@ class PackedExperts:
         bias = (self.w.b_gate_up if which == 0 else self.w.b_down)
         b = None if bias is None else bias[e]
         if self._packed is not None and not (torch.is_grad_enabled() and x.requires_grad):
-            return torch.ops.mkldnn._linear_pointwise(x, self._packed[e][which], b, "none", [], "")
+            return torch.ops.mkldnn._linear_pointwise(x, self._pack(e)[which], b, "none", [], "")
         return torch.nn.functional.linear(x, (self._gu if which == 0 else self._dn)[e], b)
 
     def ffn(self, e: int, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -116,7 +116,7 @@ class PlanExecutor:
                 w = self.npu_backend.compile(handle.layer, gs.group_id, gs.capacity, w.contiguous())
             elif gs.resident and self.npu_dtype not in (None, wdtype):
                 w = _bmm_weights(w, self.npu_dtype)   # the NPU's own precision: one bmm per group on a cast copy
-            elif self._per_expert(wdtype):
+            elif self._per_expert(handle.weights):
                 w = None                              # per expert on the layer's PackedExperts
             else:   # in process: materialised once, bmm-friendly
                 w = _bmm_weights(w)
@@ -124,9 +124,9 @@ class PlanExecutor:
         self._static[handle.layer] = (layout, cold, weights)
         return self._static[handle.layer]
 
-    def _per_expert(self, dtype) -> bool:
+    def _per_expert(self, weights) -> bool:
         """Expert by expert on pre-packed weights (oneDNN) rather than one bmm per group."""
-        return resolve_kernel(self.cpu_kernel, dtype) == "onednn"
+        return resolve_kernel(self.cpu_kernel, weights.gate_up.dtype, weights.gate_up.device) == "onednn"
 
     def packed_experts(self, handle) -> PackedExperts:
         if handle.layer not in self._experts:
@@ -167,7 +167,7 @@ class PlanExecutor:
                                    deps=(ev_pack,))
         out = work.get("out", (R, H), hidden.dtype, hidden.device)
         group_events = []
-        fill = torch.minimum(dispatch.load, layout.capacity).tolist() if self._skip_padding() else None
+        fill = torch.minimum(dispatch.load.cpu(), layout.capacity).tolist() if self._skip_padding() else None
         for gs, w in zip(layout.groups, gweights):
             G = len(gs.experts)
             x = packed[gs.start:gs.start + gs.rows].view(G, gs.capacity, H)
@@ -193,7 +193,7 @@ class PlanExecutor:
         parts = []
         for mask, name in extra:
             if bool(mask.any()):
-                experts = (self.packed_experts(handle) if self._per_expert(handle.weights.gate_up.dtype)
+                experts = (self.packed_experts(handle) if self._per_expert(handle.weights)
                            else handle.weights)
                 y, ev = clock.op(name, "cpu", layer, ("dynamic", mask, handle.weights, top_k_index), _dynamic_experts,
                                  experts, hidden, top_k_index, top_k_weights, mask, self.renormalize,

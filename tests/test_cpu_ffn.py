@@ -37,6 +37,8 @@ def test_ffn_matches_numpy_swiglu(kernel, rows):
     x = torch.randn(rows, H, generator=torch.Generator().manual_seed(rows))
     for e in (0, 5):
         np.testing.assert_allclose(px.ffn(e, x).numpy(), numpy_expert(m, e, x), rtol=1e-4, atol=1e-5)
+    if kernel == "onednn":      # packed lazily: only the experts that ran hold a packed copy
+        assert [i for i, p in enumerate(px._packed) if p is not None] == [0, 5]
 
 
 @pytest.mark.skipif(not onednn_packs(torch.bfloat16), reason="oneDNN cannot pack bf16 on this CPU")
@@ -72,9 +74,13 @@ def test_grad_mode_uses_plain_weights_and_keeps_the_graph():
     assert x.grad is not None and m.gate_up_proj.grad is not None
 
 
-def test_bad_kernel_name():
+def test_bad_kernel_name_and_kernel_choice():
     with pytest.raises(NpuMoeError, match="cpu_kernel"):
         resolve_kernel("mkl", torch.float32)
+    with pytest.raises(NpuMoeError, match="cannot pack"):        # oneDNN packing is a CPU thing
+        resolve_kernel("onednn", torch.float32, "cuda")
+    assert resolve_kernel("auto", torch.bfloat16, "cuda") == "torch"
+    assert resolve_kernel("auto", torch.float32) == ("onednn" if onednn_packs(torch.float32) else "torch")
     with pytest.raises(NpuMoeError, match="pad_rows"):
         PlanExecutor(plan((16, 16)), [LayerHandle(0, experts_module())], pad_rows="none")
 
