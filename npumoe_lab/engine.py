@@ -182,7 +182,10 @@ class PlanExecutor:
                          for j, e in enumerate(gs.experts)]
                 _, ev = clock.op(f"group{gs.group_id}", role, layer, ("ffn", gs, handle.weights),
                                  self.packed_experts(handle).ffn_rows, packed, spans, out, deps=(ev_pack,))
-            else:
+            else:   # one bmm per group; skipping padding trims the rows past the group's fullest expert
+                if fill is not None:
+                    m = max(fill[e] for e in gs.experts)
+                    x, y = x[:, :m], y[:, :m]
                 _, ev = clock.op(f"group{gs.group_id}", role, layer, ("ffn", gs, w), _run_group, x, w, y, work,
                                  deps=(ev_pack,))
             group_events.append(ev)
