@@ -9,6 +9,7 @@ Variants (all given the same hidden states and routing; the router itself is ide
   static-3tier-cpu          the same plan and executor with pad_rows="skip": the CPU computes each expert's filled
                             rows only (same outputs; what untimed/modeled runs and CPU-resident groups do)
   static-dropless           the same path, 3 tiers sized to this chunk's own loads (nothing dropped)
+  static-dropless-cpu       static-dropless with pad_rows="skip"
   dropless-dynamic          packing.dropless_experts (plain `attach(model)`): capacity = load, one bmm per expert
   bare-gemm                 the 3-tier plan's expert FFNs alone on pre-packed buffers, every slot (no dispatch/pack/
                             scatter)
@@ -255,6 +256,8 @@ def bench_layer(gname, dtype_name, chunks, args, shares, peaks) -> list[dict]:
         static_cpu._experts = static._experts          # share the packed weights (one copy in memory)
         static_dl = PlanExecutor(plan_dl, [handle], **kw)
         static_dl._experts = static._experts
+        static_dl_cpu = PlanExecutor(plan_dl, [handle], **dict(kw, pad_rows="skip"))
+        static_dl_cpu._experts = static._experts
         static_bf16 = (PlanExecutor(plan, [handle], npu_dtype=torch.bfloat16, **kw) if dtype != torch.bfloat16
                        else None)
         static_gc = PlanExecutor(build_plan_group_caps(counts, T, 16, args.drop_budget), [handle],
@@ -283,6 +286,7 @@ def bench_layer(gname, dtype_name, chunks, args, shares, peaks) -> list[dict]:
                "static-3tier": lambda: static(handle, hidden, idx, w),
                "static-3tier-cpu": lambda: static_cpu(handle, hidden, idx, w),
                "static-dropless": lambda: static_dl(handle, hidden, idx, w),
+               "static-dropless-cpu": lambda: static_dl_cpu(handle, hidden, idx, w),
                "dropless-dynamic": lambda: dropless_experts(handle.weights, hidden, idx, w),
                "bare-gemm": bare, "static-groupcaps16": lambda: static_gc(handle, hidden, idx, w)}
         if static_bf16 is not None:   # the "NPU" computes in bf16 (weights cast once per plan) on fp32 activations
@@ -291,8 +295,8 @@ def bench_layer(gname, dtype_name, chunks, args, shares, peaks) -> list[dict]:
             fns = {k: v for k, v in fns.items() if k in args.variants.split(",") or k.startswith("hf-")}
         with torch.no_grad():
             ref = hf("eager")().float()
-            err = {k: float((fns[k]().float() - ref).abs().max()) for k in ("static-dropless", "dropless-dynamic")
-                   if k in fns}
+            err = {k: float((fns[k]().float() - ref).abs().max())
+                   for k in ("static-dropless", "static-dropless-cpu", "dropless-dynamic") if k in fns}
             if "static-3tier-cpu" in fns:   # skipping padding must not change a bit
                 err["static-3tier-cpu vs static-3tier"] = float((fns["static-3tier-cpu"]().float()
                                                                  - fns["static-3tier"]().float()).abs().max())
@@ -325,7 +329,7 @@ def bench_layer(gname, dtype_name, chunks, args, shares, peaks) -> list[dict]:
                              vs_grouped=t_g / m, gflops=flops / m / 1e9, pct_peak=100 * flops / m / peak,
                              vs_roofline=m / roof))
         print_config(rows[-len(ts):], sys.stderr)
-        del static, static_cpu, static_dl, static_bf16, static_gc, gweights, packed, out, work, pex
+        del static, static_cpu, static_dl, static_dl_cpu, static_bf16, static_gc, gweights, packed, out, work, pex
     return rows
 
 
