@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 GEOMETRIES = {  # expert geometry of the real models (E experts, top-K, hidden H, expert intermediate I)
     "qwen3-30b-a3b": dict(family="qwen3_moe", E=128, K=8, H=2048, I=768),
     "olmoe": dict(family="olmoe", E=64, K=8, H=2048, I=1024),
+    "smoke": dict(family="qwen3_moe", E=16, K=4, H=128, I=64),   # tests/test_bench.py: every code path, in seconds
 }
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # fallback shares ~ (rank + 14)^-1: the hottest expert gets 3.9x the mean load, the skew of the trained tiny
@@ -402,7 +403,7 @@ def main(argv=None):
     only = {"layer", "calib", "prefill"} if args.only == "all" else set(args.only.split(","))
     report = [f"# npumoe-lab CPU benchmark: {provenance(args.threads)}", ""]
     if "layer" in only:
-        geoms = list(GEOMETRIES) if args.geometry == "all" else args.geometry.split(",")
+        geoms = [g for g in GEOMETRIES if g != "smoke"] if args.geometry == "all" else args.geometry.split(",")
         dtypes = args.dtypes.split(",")
         chunks = [int(c) for c in args.chunks.split(",")]
         peaks = {d: measure_peaks(DTYPES[d]) for d in dtypes}

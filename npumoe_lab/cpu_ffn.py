@@ -1,11 +1,12 @@
 """Expert FFNs on the CPU with weights pre-packed once, the way a CPU inference runtime holds them.
 
 oneDNN's matmul wants its B operand in a blocked (VNNI) layout. Handed plain weights it re-lays them out on every
-call (at 32 rows per expert, bf16, F.linear took 1.28x the time of the packed form, below). Packing each expert's two matrices once
-(`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's CPU freezing does) lets every later call stream
-the packed weights. `bench/gemm_forms.py` measures the forms side by side (bench/RESULTS.md): on the project VM
-(Zen 4, 2 threads, 32 experts' weights streamed from DRAM) packed bf16 expert GEMMs ran 1.37x / 1.10x / 1.05x /
-1.00x as fast as one bmm over the group at 32 / 64 / 128 / 256 rows per expert, fp32 ones 1.16-1.39x.
+call (at 32 rows per expert, bf16, F.linear took 1.28-1.29x the time of the packed form, below). Packing each
+expert's two matrices once (`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's CPU freezing does)
+lets every later call stream the packed weights. `bench/gemm_forms.py` measures the forms side by side
+(bench/RESULTS.md): on the project VM (Zen 4, 2 threads, 32 experts' weights streamed from DRAM; two runs) packed
+bf16 expert GEMMs ran 1.22-1.37x / 1.10-1.11x / 1.03-1.05x / 1.00-1.01x as fast as one bmm over the group at
+32 / 64 / 128 / 256 rows per expert, fp32 ones 1.16-1.39x.
 A row's result does not depend on the values of the other rows, so a caller may compute only the rows it needs;
 oneDNN's blocking and thread split do depend on the row count, so two row counts can differ by a rounding.
 

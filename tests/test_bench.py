@@ -1,0 +1,45 @@
+"""bench/ scripts run end to end (tiny shapes, one repeat): a broken benchmark is found by CI, not by the next
+engineer. What is checked is correctness inside the benchmark (every variant against HF eager); timings are not
+asserted (speed targets live in the benchmark's own output, bench/RESULTS.md)."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import moe_layer  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+@torch.no_grad()
+def test_layer_bench_smoke_every_variant_matches_hf():
+    args = moe_layer.parse_args(["--geometry", "smoke", "--dtypes", "fp32", "--chunks", "64", "--repeats", "1",
+                                 "--calib-chunks", "4", "--threads", "1"])
+    shares = moe_layer.load_shares(16)[0]
+    peaks = {"fp32": (1e11, 1e10)}
+    rows = moe_layer.bench_layer("smoke", "fp32", [64], args, shares, peaks)
+    variants = {r["variant"] for r in rows}
+    assert {"hf-eager", "hf-grouped_mm", "static-3tier", "static-3tier-cpu", "static-dropless",
+            "static-dropless-cpu", "dropless-dynamic", "bare-gemm", "static-groupcaps16",
+            "static-3tier-bf16"} <= variants
+    err = rows[0]["err"]
+    assert max(err.values()) < 1e-4, err          # dropless variants equal HF; skipping padding changes nothing
+    r = next(r for r in rows if r["variant"] == "static-3tier")
+    assert r["slots"] >= r["routed"] * (1 - r["drop_pct"] / 100) and 0 <= r["pack_scatter_pct"] < 100
+    assert "static-3tier-cpu" in moe_layer.markdown(rows)
+
+
+def test_gpu_check_dry_run_on_cpu(capsys):
+    import gpu_check
+    gpu_check.main(["--dry-run", "--geometry", "smoke", "--chunks", "64", "--repeats", "1", "--calib-chunks", "4"])
+    out = capsys.readouterr().out
+    assert "static-graphs" in out and "graphs-only" in out
