@@ -6,15 +6,22 @@ G experts' gate_up matrices (H=2048 -> 2I=1536, Qwen3-30B-A3B), M rows each; wei
   bmm_rowB      the same with B row-major
   linear        F.linear per expert (HF eager's op)
   onednn_packed per expert on weights packed once by torch.ops.mkldnn._reorder_linear_weight (cpu_ffn.py)
-Prints achieved GFLOP/s (median of --repeats).   .venv/bin/python bench/gemm_forms.py --threads 2
+Prints achieved GFLOP/s (median of --repeats). A second table times a whole expert FFN (gate_up, SwiGLU, down) for
+a group of 16 experts by expert size: the engine's bmm path vs npumoe_lab.cpu_ffn.PackedExperts, which sets the size
+where `cpu_kernel="auto"` starts packing (cpu_ffn.MIN_PACKED_ELEMS).
+    .venv/bin/python bench/gemm_forms.py --threads 2
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def med(fn, repeats):
@@ -54,6 +61,36 @@ def main(argv=None):
             gf = {k: fl / v / 1e9 for k, v in r.items()}
             print(f"| {dn} | {M} | " + " | ".join(f"{gf[k]:.0f}" for k in r)
                   + f" | {r['bmm_tB'] / r['onednn_packed']:.2f}x |", flush=True)
+    ffn_by_size(max(a.repeats, 15), a.dtypes.split(","))
+
+
+def ffn_by_size(repeats, dtypes):
+    """Group of 16 experts, whole FFN: engine bmm path (plain weights) vs PackedExperts (oneDNN, per expert)."""
+    from transformers import AutoConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    from npumoe_lab.cpu_ffn import MIN_PACKED_ELEMS, PackedExperts
+    from npumoe_lab.engine import _bmm_weights
+    from npumoe_lab.models.weights import expert_weights
+    from npumoe_lab.packing import Workspace, group_ffn_into
+    G = 16
+    print(f"\n| dtype | H x I | rows/expert | bmm per group ms | packed per expert ms | bmm / packed | auto packs? |"
+          f"\n|{'---|' * 7}")
+    for dn in dtypes:
+        dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dn]
+        for H, I in ((256, 128), (512, 256), (1024, 512), (2048, 768)):
+            cfg = AutoConfig.for_model("qwen3_moe", num_experts=G, num_experts_per_tok=2, hidden_size=H,
+                                       moe_intermediate_size=I)
+            w = expert_weights(Qwen3MoeExperts(cfg).to(dt).eval().requires_grad_(False))
+            bw, px, work = _bmm_weights(w), PackedExperts(w, "onednn"), Workspace()
+            for M in (16, 64, 256):
+                x = torch.randn(G * M, H).to(dt)
+                out, spans = torch.empty_like(x), [(e, e * M, M) for e in range(G)]
+                with torch.no_grad():
+                    a = med(lambda: group_ffn_into(x.view(G, M, H), bw, out.view(G, M, H), work), repeats)
+                    b = med(lambda: px.ffn_rows(x, spans, out), repeats)
+                print(f"| {dn} | {H} x {I} | {M} | {1e3 * a:.2f} | {1e3 * b:.2f} | {a / b:.2f}x | "
+                      f"{'yes' if H * I >= MIN_PACKED_ELEMS else 'no'} |", flush=True)
 
 
 if __name__ == "__main__":

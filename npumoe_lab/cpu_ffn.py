@@ -37,14 +37,23 @@ def onednn_packs(dtype: torch.dtype) -> bool:
         return False
 
 
-def resolve_kernel(kernel: str, dtype: torch.dtype, device="cpu") -> str:
-    """The kernel that runs: "auto" -> "onednn" for CPU weights of a dtype oneDNN packs here, else "torch"."""
+# "auto" packs experts with at least this many elements per matrix (hidden x intermediate). Below it the per-expert
+# calls cost more than the re-layout they save: a group of 16 experts with H x I = 256 x 128 (the bundled tiny
+# model) ran 1.4-2.9x slower packed than as one bmm, 512 x 256 up to 1.6x slower, 1024 x 512 and up 1.01-1.42x
+# faster (whole FFN, 16-256 rows per expert, bf16 and fp32; bench/gemm_forms.py, 2 threads, bench/RESULTS.md).
+MIN_PACKED_ELEMS = 1024 * 512
+
+
+def resolve_kernel(kernel: str, dtype: torch.dtype, device="cpu", elems: int | None = None) -> str:
+    """The kernel that runs: "auto" -> "onednn" for CPU weights of a dtype oneDNN packs here whose matrices have
+    at least MIN_PACKED_ELEMS elements (`elems`; None: no size rule), else "torch"."""
     if kernel not in KERNELS:
         from .errors import NpuMoeError
         raise NpuMoeError(f"cpu_kernel={kernel!r} is not a CPU expert kernel; use one of {KERNELS}")
     on_cpu = torch.device(device).type == "cpu"
     if kernel == "auto":
-        return "onednn" if on_cpu and onednn_packs(dtype) else "torch"
+        big = elems is None or elems >= MIN_PACKED_ELEMS
+        return "onednn" if on_cpu and big and onednn_packs(dtype) else "torch"
     if kernel == "onednn" and not (on_cpu and onednn_packs(dtype)):
         from .errors import NpuMoeError
         raise NpuMoeError(f"cpu_kernel='onednn' cannot pack {dtype} weights on {device} with this torch build/CPU; "
@@ -65,7 +74,8 @@ class PackedExperts:
 
     def __init__(self, weights: ExpertWeights, kernel: str = "auto", rows_hint: int = 128):
         self.w = weights
-        self.kernel = resolve_kernel(kernel, weights.gate_up.dtype, weights.gate_up.device)
+        self.kernel = resolve_kernel(kernel, weights.gate_up.dtype, weights.gate_up.device,
+                                     weights.hidden * weights.intermediate)
         self.swiglu = _is_hf_swiglu(weights)
         # F.linear orientation: gate_up [E, H, 2I] -> per expert [2I, H]; HF's [E, 2I, H] storage makes this a view
         self._gu = weights.gate_up.transpose(1, 2)
@@ -112,4 +122,4 @@ class PackedExperts:
         return out
 
 
-__all__ = ["PackedExperts", "onednn_packs", "resolve_kernel", "KERNELS"]
+__all__ = ["PackedExperts", "onednn_packs", "resolve_kernel", "KERNELS", "MIN_PACKED_ELEMS"]

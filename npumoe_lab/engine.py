@@ -62,7 +62,8 @@ class PlanExecutor:
     seed: int = 0
     clock: object = field(default_factory=NullClock)
     npu_backend: object = None           # resident groups: None/"torch" (in process) | "onnxruntime" | "coreml"
-    cpu_kernel: str = "auto"             # in-process expert GEMMs: "onednn" (pre-packed weights) | "torch" | "auto"
+    cpu_kernel: str = "auto"             # in-process experts: "onednn" (pre-packed, per expert) | "torch" (bmm per
+                                         # group) | "auto" (onednn for experts of >= cpu_ffn.MIN_PACKED_ELEMS)
     # In-process static groups: "compute" every static slot (the graph's shape), "skip" the zero padding rows
     # (same outputs: rows are independent and padding is never read back), "auto": compute only when the clock
     # measures wall time (a measured static graph costs its padding); untimed and modeled runs skip it (the
@@ -126,7 +127,8 @@ class PlanExecutor:
 
     def _per_expert(self, weights) -> bool:
         """Expert by expert on pre-packed weights (oneDNN) rather than one bmm per group."""
-        return resolve_kernel(self.cpu_kernel, weights.gate_up.dtype, weights.gate_up.device) == "onednn"
+        return resolve_kernel(self.cpu_kernel, weights.gate_up.dtype, weights.gate_up.device,
+                              weights.hidden * weights.intermediate) == "onednn"
 
     def packed_experts(self, handle) -> PackedExperts:
         if handle.layer not in self._experts:
@@ -176,8 +178,7 @@ class PlanExecutor:
             if gs.resident and self.npu_backend is not None:
                 _, ev = clock.op(f"group{gs.group_id}", role, layer, ("ffn", gs, handle.weights), _run_backend,
                                  self.npu_backend, w, x, y, deps=(ev_pack,))
-            elif w is None or (fill is not None and w.gate_up.dtype == hidden.dtype):
-                # expert by expert: the filled rows (skip; a bmm would need the padding) or all gs.capacity rows
+            elif w is None:     # expert by expert on packed weights: the filled rows (skip) or all gs.capacity
                 spans = [(e, gs.start + j * gs.capacity, gs.capacity if fill is None else fill[e])
                          for j, e in enumerate(gs.experts)]
                 _, ev = clock.op(f"group{gs.group_id}", role, layer, ("ffn", gs, handle.weights),
