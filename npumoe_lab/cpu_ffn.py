@@ -98,7 +98,7 @@ class PackedExperts:
     def _linear(self, x, e, which):
         bias = (self.w.b_gate_up if which == 0 else self.w.b_down)
         b = None if bias is None else bias[e]
-        if self._packed is not None and not (torch.is_grad_enabled() and x.requires_grad):
+        if self._packed is not None and not (torch.is_grad_enabled() and (x.requires_grad or self._gu.requires_grad)):
             return torch.ops.mkldnn._linear_pointwise(x, self._pack(e)[which], b, "none", [], "")
         return torch.nn.functional.linear(x, (self._gu if which == 0 else self._dn)[e], b)
 

@@ -66,12 +66,14 @@ def test_ffn_rows_writes_only_its_spans():
     assert bool((out[3:5] == 7).all()) and bool((out[9:] == 7).all())
 
 
-def test_grad_mode_uses_plain_weights_and_keeps_the_graph():
+@pytest.mark.parametrize("x_grad", [True, False])
+def test_grad_mode_uses_plain_weights_and_keeps_the_graph(x_grad):
     m = experts_module()                                   # parameters require grad
-    px = PackedExperts(expert_weights(m), "auto")
-    x = torch.randn(5, H, requires_grad=True)
+    px = PackedExperts(expert_weights(m), KERNELS[-1])
+    x = torch.randn(5, H, requires_grad=x_grad)
     px.ffn(1, x).sum().backward()
-    assert x.grad is not None and m.gate_up_proj.grad is not None
+    assert (x.grad is not None) == x_grad
+    assert m.gate_up_proj.grad is not None and m.down_proj.grad is not None
 
 
 def test_bad_kernel_name_and_kernel_choice():
