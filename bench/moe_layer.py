@@ -253,17 +253,12 @@ def bench_layer(gname, dtype_name, chunks, args, shares, peaks) -> list[dict]:
         clock = TimingClock()
         kw = dict(cpu_kernel=args.cpu_kernel, pad_rows="compute")
         static = PlanExecutor(plan, [handle], clock=clock, **kw)
-        static_cpu = PlanExecutor(plan, [handle], clock=(cpu_clock := TimingClock()), **dict(kw, pad_rows="skip"))
-        static_cpu._experts = static._experts          # share the packed weights (one copy in memory)
-        static_dl = PlanExecutor(plan_dl, [handle], **kw)
-        static_dl._experts = static._experts
-        static_dl_cpu = PlanExecutor(plan_dl, [handle], **dict(kw, pad_rows="skip"))
-        static_dl_cpu._experts = static._experts
-        static_bf16 = (PlanExecutor(plan, [handle], npu_dtype=torch.bfloat16, **kw) if dtype != torch.bfloat16
-                       else None)
-        static_gc = PlanExecutor(build_plan_group_caps(counts, T, 16, args.drop_budget), [handle],
-                                 clock=(gc_clock := TimingClock()), **kw)
-        static_gc._experts = static._experts
+        skip = dict(kw, pad_rows="skip")             # siblings share static's packed weights (one copy in memory)
+        static_cpu = static.sibling(clock=(cpu_clock := TimingClock()), **skip)
+        static_dl, static_dl_cpu = static.sibling(plan_dl, **kw), static.sibling(plan_dl, **skip)
+        static_bf16 = static.sibling(npu_dtype=torch.bfloat16, **kw) if dtype != torch.bfloat16 else None
+        static_gc = static.sibling(build_plan_group_caps(counts, T, 16, args.drop_budget),
+                                   clock=(gc_clock := TimingClock()), **kw)
         layout, _, gweights = static._compiled(handle)
         disp, _ = plan_dispatch(idx, w, layout)
         packed, work, out = pack(hidden, disp), Workspace(), torch.empty(layout.total_rows, H, dtype=dtype)
@@ -386,7 +381,8 @@ def parse_args(argv=None):
     p.add_argument("--tier-rule", default="optimal", help="assign_tiers rule (tiered|optimal|uniform|max_observed)")
     p.add_argument("--percentile", type=float, default=None, help="tier percentile (default: by --drop-budget)")
     p.add_argument("--drop-budget", type=float, default=0.04,
-                   help="max held-out drop rate of the 3-tier plan (the target allows 5 %%; 4 %% leaves room for noise)")
+                   help="max held-out drop rate of the 3-tier plan (the target allows 5 %%; 4 %% leaves room for "
+                        "sampling noise)")
     p.add_argument("--group-size", type=int, default=128,
                    help="experts per group (make_groups caps it to the tier and to 65536 // intermediate)")
     p.add_argument("--calib-chunks", type=int, default=16, help="chunks of sampled routing to calibrate tiers on")

@@ -125,14 +125,6 @@ def _skip_experts(module, hidden_states, top_k_index, top_k_weights):
     return torch.zeros_like(hidden_states)
 
 
-def _cpu_twin(ex, **options):
-    """Another PlanExecutor on the same plan sharing `ex`'s packed weights (one copy in memory)."""
-    from npumoe_lab.engine import PlanExecutor
-    twin = PlanExecutor(ex.plan, ex.handles, clock=_DropCounter(), **options)
-    twin._experts = ex._experts
-    return twin
-
-
 @torch.no_grad()
 def prefill_tokens_per_s(args) -> str:
     """Two interleaved blocks per prompt (one static executor alive at a time: each holds a copy of the expert
@@ -174,7 +166,7 @@ def prefill_tokens_per_s(args) -> str:
             static_ex = model._npumoe.executor
             static_ex.clock = _DropCounter()
             what = "calibrated" if block == "A" else "fitted"
-            cpu_ex = _cpu_twin(static_ex, pad_rows="skip", spill=block == "A")
+            cpu_ex = static_ex.sibling(clock=_DropCounter(), pad_rows="skip", spill=block == "A")
             fns = {"HF eager": run("eager"), "HF grouped_mm": run("grouped_mm"),
                    f"static ({what}; static graphs)": run("npumoe", static_ex),
                    f"static ({what}; CPU{', spill' if block == 'A' else ''})": run("npumoe", cpu_ex),
@@ -193,7 +185,9 @@ def prefill_tokens_per_s(args) -> str:
             tps = {k: prompt / statistics.median(v) for k, v in ts.items()}
             if block == "A":    # Amdahl: what any experts path can give when the rest of the forward stays HF's
                 t_e, t_rest = prompt / tps["HF eager"], prompt / tps.pop("experts skipped (the rest of the forward)")
-                t_roof = len(plan["layers"]) * prompt * 8 * 6 * 2048 * 768 / peak
+                cfg = model.config
+                t_roof = (len(plan["layers"]) * prompt * cfg.num_experts_per_tok * 6 * cfg.hidden_size
+                          * cfg.moe_intermediate_size / peak)
                 bounds.append(f"- prompt {prompt}: the experts are {100 * (t_e - t_rest) / t_e:.0f} % of HF eager's "
                               f"forward ({1e3 * t_e:.0f} ms; the rest {1e3 * t_rest:.0f} ms). Bound on the speedup "
                               f"of any experts path: {t_e / (t_rest + t_roof):.2f}x with the experts at the measured "

@@ -22,6 +22,7 @@ import functools
 import torch
 
 from .models.weights import ExpertWeights
+from .packing import _is_hf_swiglu, _no_autograd, swiglu_
 
 KERNELS = ("auto", "onednn", "torch")
 
@@ -61,18 +62,13 @@ def resolve_kernel(kernel: str, dtype: torch.dtype, device="cpu", elems: int | N
     return kernel
 
 
-def _is_hf_swiglu(w: ExpertWeights) -> bool:
-    from .packing import _is_hf_swiglu as check
-    return check(w)
-
-
 class PackedExperts:
     """The experts of one layer, each matrix in F.linear orientation ([N, K]), packed for oneDNN when `kernel`
     allows. An expert is packed the first time it runs, so memory grows to one packed copy of the experts that
     were ever routed to (none for kernel="torch"). Packed weights are a snapshot, like a compiled graph's:
     re-attach after changing the model's weights."""
 
-    def __init__(self, weights: ExpertWeights, kernel: str = "auto", rows_hint: int = 128):
+    def __init__(self, weights: ExpertWeights, kernel: str = "auto"):
         self.w = weights
         self.kernel = resolve_kernel(kernel, weights.gate_up.dtype, weights.gate_up.device,
                                      weights.hidden * weights.intermediate)
@@ -80,37 +76,29 @@ class PackedExperts:
         # F.linear orientation: gate_up [E, H, 2I] -> per expert [2I, H]; HF's [E, 2I, H] storage makes this a view
         self._gu = weights.gate_up.transpose(1, 2)
         self._dn = weights.down.transpose(1, 2)
-        self._rows_hint = rows_hint
         self._packed = [None] * weights.n_experts if self.kernel == "onednn" else None
 
     def _pack(self, e):
-        if self._packed[e] is None:
+        if self._packed[e] is None:   # row-count hint 128: hints 1-1024 timed alike at 17-1280 rows (a probe)
             with torch.no_grad():
                 pk = torch.ops.mkldnn._reorder_linear_weight
-                self._packed[e] = (pk(self._gu[e].contiguous(), self._rows_hint),
-                                   pk(self._dn[e].contiguous(), self._rows_hint))
+                self._packed[e] = (pk(self._gu[e].contiguous(), 128), pk(self._dn[e].contiguous(), 128))
         return self._packed[e]
 
-    @property
-    def n_experts(self) -> int:
-        return self.w.n_experts
-
-    def _linear(self, x, e, which):
-        bias = (self.w.b_gate_up if which == 0 else self.w.b_down)
+    def _linear(self, x, e, which, packed):
+        bias = self.w.b_gate_up if which == 0 else self.w.b_down
         b = None if bias is None else bias[e]
-        if self._packed is not None and not (torch.is_grad_enabled() and (x.requires_grad or self._gu.requires_grad)):
+        if packed:
             return torch.ops.mkldnn._linear_pointwise(x, self._pack(e)[which], b, "none", [], "")
         return torch.nn.functional.linear(x, (self._gu if which == 0 else self._dn)[e], b)
 
     def ffn(self, e: int, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Expert e on rows x [M, H] (any row stride), written into `out` [M, H] when given."""
-        h = self._linear(x, e, 0)
-        if self.swiglu and not h.requires_grad:
-            i = h.shape[-1] // 2
-            a = torch.mul(torch.nn.functional.silu(h[:, :i], inplace=True), h[:, i:])   # HF's act(gate) * up
-        else:
-            a = self.w.apply_gate(h)
-        y = self._linear(a.contiguous(), e, 1)
+        """Expert e on contiguous rows x [M, H], written into `out` [M, H] when given."""
+        no_grad = _no_autograd(x, self._gu, self._dn)     # packed weights and in-place ops record no graph
+        packed = self._packed is not None and no_grad
+        h = self._linear(x, e, 0, packed)
+        a = swiglu_(h) if self.swiglu and no_grad else self.w.apply_gate(h)
+        y = self._linear(a.contiguous(), e, 1, packed)
         return y if out is None else out.copy_(y)
 
     def ffn_rows(self, packed: torch.Tensor, spans, out: torch.Tensor) -> torch.Tensor:

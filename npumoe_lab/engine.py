@@ -130,6 +130,15 @@ class PlanExecutor:
         return resolve_kernel(self.cpu_kernel, weights.gate_up.dtype, weights.gate_up.device,
                               weights.hidden * weights.intermediate) == "onednn"
 
+    def sibling(self, plan=None, **options) -> "PlanExecutor":
+        """A new executor over the same layers (this plan, or `plan`; `options` as for PlanExecutor, not inherited)
+        that shares this one's packed expert weights when its kernel is the same: compare settings side by side
+        without a second copy of the weights in memory."""
+        other = PlanExecutor(self.plan if plan is None else plan, self.handles, **options)
+        if other.cpu_kernel == self.cpu_kernel:
+            other._experts = self._experts      # per layer, independent of plan and padding options
+        return other
+
     def packed_experts(self, handle) -> PackedExperts:
         if handle.layer not in self._experts:
             self._experts[handle.layer] = PackedExperts(handle.weights, self.cpu_kernel)

@@ -253,6 +253,13 @@ def _is_hf_swiglu(w: ExpertWeights) -> bool:
             and type(getattr(owner, "act_fn", None)).__name__ in ("SiLUActivation", "SiLU"))
 
 
+def swiglu_(h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """HF's `silu(gate) * up` on concatenated gate|up rows [..., 2I] -> [..., I]: silu in place on the gate half
+    (h is scratch), then one multiply into `out` (same bits as HF's, one temporary less, a dense down operand)."""
+    i = h.shape[-1] // 2
+    return torch.mul(torch.nn.functional.silu(h[..., :i], inplace=True), h[..., i:], out=out)
+
+
 def group_ffn_into(x: torch.Tensor, w: ExpertWeights, out: torch.Tensor, work: "Workspace | None" = None
                    ) -> torch.Tensor:
     """group_ffn writing into `out` [G, C, H] (e.g. a slice of the packed output buffer: no copy afterwards),
@@ -268,9 +275,7 @@ def group_ffn_into(x: torch.Tensor, w: ExpertWeights, out: torch.Tensor, work: "
     if w.b_gate_up is not None:
         h += w.b_gate_up.unsqueeze(1)
     if _is_hf_swiglu(w):
-        i = two_i // 2
-        gate = torch.nn.functional.silu(h[..., :i], inplace=True)
-        a = torch.mul(gate, h[..., i:], out=None if work is None else work.get("act", (G, C, i), x.dtype, x.device))
+        a = swiglu_(h, None if work is None else work.get("act", (G, C, two_i // 2), x.dtype, x.device))
     else:
         a = w.apply_gate(h)
     torch.bmm(a, w.down, out=out)

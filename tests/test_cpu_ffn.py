@@ -131,7 +131,7 @@ def test_skipping_padding_keeps_outputs_and_computes_only_filled_rows(kernel, mo
     else:                       # one bmm per group (trimmed to the group's fullest expert when skipping)
         assert skipped == [] and seen == []
     torch.testing.assert_close(y_skip, y_full, rtol=1e-6, atol=1e-6)
-    # the reference: HF eager with the dropped assignments' weights zeroed (what the executor's dispatch kept)
+    # independent reference for the same executor with nothing dropped: HF's own eager experts
     m.config._experts_implementation = "eager"
     cap_ok = PlanExecutor(plan((T, T)), [h], cpu_kernel=kernel)(h, hidden, idx, w)
     torch.testing.assert_close(cap_ok, m(hidden, idx, w), rtol=1e-4, atol=1e-5)
@@ -166,3 +166,21 @@ def test_npu_precision_groups_trim_padding_to_the_fullest_expert():
     torch.testing.assert_close(y["skip"], y["compute"], rtol=0, atol=1e-6)
     ref = m(hidden, idx, w)                                  # fp32 HF eager: bf16 groups are close, not equal
     assert float((y["skip"] - ref).abs().max()) <= 0.02 * float(ref.abs().max())
+
+
+@pytest.mark.skipif("onednn" not in KERNELS, reason="oneDNN cannot pack fp32 here")
+@torch.no_grad()
+def test_sibling_shares_packed_weights_and_matches_a_fresh_executor():
+    m = experts_module()
+    h = LayerHandle(0, m)
+    hidden = torch.randn(T, H, generator=torch.Generator().manual_seed(6))
+    idx, w = routing(4)
+    first = PlanExecutor(plan((12, 8)), [h], cpu_kernel="onednn", pad_rows="compute")
+    first(h, hidden, idx, w)
+    sib = first.sibling(plan((T, T)), cpu_kernel="onednn", pad_rows="skip")
+    assert sib.packed_experts(h) is first.packed_experts(h) and sib.pad_rows == "skip"
+    fresh = PlanExecutor(plan((T, T)), [h], cpu_kernel="onednn", pad_rows="skip")
+    torch.testing.assert_close(sib(h, hidden, idx, w), fresh(h, hidden, idx, w), rtol=0, atol=0)
+    torch.testing.assert_close(sib(h, hidden, idx, w), m(hidden, idx, w), rtol=1e-4, atol=1e-5)   # HF eager
+    other = first.sibling(cpu_kernel="torch")                # another kernel: its own weights
+    assert other._experts is not first._experts
