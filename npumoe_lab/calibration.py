@@ -24,6 +24,8 @@ import pandas as pd
 import torch
 
 from .errors import NpuMoeError
+from .routing import RoutingRecorder
+from .runtime import chunked_prefill
 from .utils import progress, provenance
 
 COUNT_COLUMNS = ("layer", "expert", "chunk_id", "count")
@@ -266,26 +268,22 @@ def kv_cache_kwarg(model) -> str:
 
 
 def _run_chunks(model, docs, chunk: int, acc: _Accumulator, desc: str) -> None:
-    """Prefill each document chunk by chunk, carrying the KV cache; chunk ids run over all documents."""
-    from .routing import RoutingRecorder
-    device, was_training = next(model.parameters()).device, model.training
-    cache_arg = kv_cache_kwarg(model)
+    """Prefill each document chunk by chunk (runtime.chunked_prefill: the one chunk loop), carrying the KV cache
+    within a document; the routing of every chunk goes to `acc`, chunk ids running over all documents."""
+    was_training = model.training
     bar = progress(total=sum(len(d) for d in docs) // chunk, desc=desc, unit="chunk")
-    chunk_id = 0
+    first = 0                        # chunk id of the current document's first chunk
     model.eval()                     # routing as in inference (no router noise / dropout)
     try:
         with RoutingRecorder(model) as rec:
-            for doc in docs:
-                past = None          # a new document starts with an empty cache
-                for start in range(0, len(doc), chunk):
-                    ids = torch.tensor([doc[start:start + chunk]], device=device)
-                    out = model(input_ids=ids, use_cache=True, **{cache_arg: past})
-                    past = getattr(out, cache_arg)
-                    for r in rec.records:
-                        acc.add(r, chunk_id)
-                    rec.records.clear()
-                    chunk_id += 1
-                    bar.update(1)
+            def take(c):
+                for r in rec.records:
+                    acc.add(r, first + c)
+                rec.records.clear()
+                bar.update(1)
+            for doc in docs:         # a new document starts with an empty cache
+                chunked_prefill(model, torch.tensor([doc]), chunk, on_chunk=take, keep_logits=False)
+                first += len(doc) // chunk
     finally:
         bar.close()
         model.train(was_training)

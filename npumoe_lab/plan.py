@@ -17,6 +17,7 @@ import numpy as np
 
 from .errors import NpuMoeError
 from .grouping import make_groups_with_notes
+from .layout import ExecutionLayout
 from .residency import assign_residency, fit_budget
 from .saliency import check_rule
 from .tiers import assign_tiers, expected_drop_rate, expected_kept_tokens, expected_padding
@@ -101,6 +102,10 @@ class Plan:
     def build_kwargs(self) -> dict:
         """The build_plan keyword arguments this plan was built with (for variant_plan / rebuilding)."""
         return {**self.knobs, "saliency": self.saliency, "renormalize": self.renormalize, "platform": self.platform}
+
+    def compile(self):
+        """The frozen execution layout the engine consumes (layout.ExecutionLayout)."""
+        return ExecutionLayout.from_plan(self)
 
     # -- lookups for the engine and reports --------------------------------------------------------------
     def layer_plan(self, layer: int) -> dict:

@@ -16,7 +16,9 @@ import torch
 
 from ..errors import NpuMoeError
 from ..utils import progress, provenance, with_torch_threads
-from ..variants import ABLATION, PAPER_ABLATION_SPEEDUP, dynamic_plan, parse_variants
+from ..layout import ExecutionLayout
+from ..runtime import PrefillConfig, check_context, chunked_prefill, run_prefill
+from ..variants import ABLATION, PAPER_ABLATION_SPEEDUP, parse_variants
 
 PLAN_KNOBS = ("tiers", "group_size", "hot_threshold", "saliency", "percentile", "align", "residency",
               "renormalize")
@@ -38,7 +40,7 @@ def calibration_profile(model, tokenizer, workload: str, chunk: int, tokens: int
     return profile
 
 
-def _attach_variant(model, variant, specs, profile, platform, knobs, plan, npu_backend=None):
+def _attach_variant(model, variant, specs, profile, config: PrefillConfig, knobs, plan, npu_backend=None):
     """Put the model in the variant's configuration; returns the plan used (or None)."""
     from .. import attach, detach
     from ..plan import build_plan
@@ -46,26 +48,17 @@ def _attach_variant(model, variant, specs, profile, platform, knobs, plan, npu_b
     if variant.experts == "hf":
         model.set_experts_implementation("eager")
         return None
-    npu_dtype = None if platform.kind == "measured" else torch.float16   # the ANE computes fp16
     if variant.experts == "dynamic":
-        attach(model, dynamic_plan(specs), cold="dynamic")
+        attach(model, ExecutionLayout.dropless(specs), cold="dynamic")
         return None
     if plan is not None and variant.name in ("npumoe", "npumoe-spill"):
         used = plan
     else:
         kw = {k: v for k, v in knobs.items() if v is not None}
         kw.update(variant.plan_overrides)
-        used = build_plan(profile, model, platform=platform.name, **kw)
-    attach(model, used, spill=variant.spill, npu_dtype=npu_dtype, npu_backend=npu_backend)
+        used = build_plan(profile, model, platform=config.platform.name, **kw)
+    attach(model, used, spill=variant.spill, npu_dtype=config.npu_dtype, npu_backend=npu_backend)
     return used
-
-
-def _layer_counts(stats):
-    routed = sum(s.routed for _, _, s in stats)
-    dropped = sum(s.dropped for _, _, s in stats)
-    slots = sum(s.slots for _, _, s in stats)
-    padded = sum(s.padded for _, _, s in stats)
-    return (dropped / routed if routed else 0.0), (padded / slots if slots else 0.0)
 
 
 @with_torch_threads
@@ -80,8 +73,7 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
     from ..metrics import bootstrap_ci, logit_agreement
     from ..models import describe, load_model, model_fingerprint
     from ..plan import Plan
-    from ..runtime import Clock, chunked_prefill
-    from ..timeline import schedule, summarize, to_frame
+    from ..timeline import to_frame
     from ..workloads import get_workload
     from ..workloads.scoring import evaluate_sample
     unknown = set(plan_knobs) - set(PLAN_KNOBS)
@@ -97,9 +89,7 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
     else:
         model_obj, tok = load_model(model)
         name = model_name or str(model)
-    ctx = getattr(model_obj.config, "max_position_embeddings", None)
-    if ctx is not None and prompt_len > ctx:
-        raise NpuMoeError(f"--prompt-len {prompt_len} is longer than the model's context ({ctx} tokens)")
+    check_context(getattr(model_obj.config, "max_position_embeddings", None), prompt_len, "--prompt-len")
     wl = get_workload(workload)
     samples = wl.samples(tok, prompt_len, n_samples, seed)
     specs, fingerprint = describe(model_obj), model_fingerprint(model_obj)
@@ -138,7 +128,8 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
             if npu_backend not in (None, "torch") and plat.kind != "measured":
                 raise NpuMoeError(f"--npu-backend {npu_backend} runs real graphs: use it with a measured platform "
                                   f"(e.g. cpu), not the modeled {plat.name!r}")
-            used = _attach_variant(model_obj, v, specs, profile, plat, plan_knobs, plan, npu_backend)
+            config = PrefillConfig(plat, chunk, attention=v.attention, pad_token_id=pad_id)
+            used = _attach_variant(model_obj, v, specs, profile, config, plan_knobs, plan, npu_backend)
             for _ in range(warmup):      # untimed: first calls pay allocator/thread-pool start-up on this host
                 chunked_prefill(model_obj, torch.tensor([samples[0].input_ids]), chunk, pad_token_id=pad_id)
             per_rep = [[] for _ in range(repeats)]
@@ -146,15 +137,10 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
             for i, s in enumerate(samples):
                 ids = torch.tensor([s.input_ids])
                 for r in range(repeats):
-                    clock = Clock(plat, measured=plat.kind == "measured", attention_role=v.attention)
-                    res = chunked_prefill(model_obj, ids, chunk, clock, measure_hf_experts=v.experts == "hf",
-                                          pad_token_id=pad_id)
-                    events = schedule(res.events, npu_shares_cpu=plat.npu_shares_cpu)
-                    summ = summarize(events, plat, n_tokens=len(s.input_ids))
-                    drop, pad = _layer_counts(res.stats)
-                    per_rep[r].append(dict(summ, drop_rate=drop, pad_rate=pad, host_wall_s=res.wall_s))
+                    res = run_prefill(model_obj, ids, config, measure_hf_experts=v.experts == "hf")
+                    per_rep[r].append(res.summary)
                     if timeline and r == 0:
-                        tl = to_frame(events).assign(variant=v.name, platform=plat.name, sample=i)
+                        tl = to_frame(res.events).assign(variant=v.name, platform=plat.name, sample=i)
                         tl_frames.append(tl)
                     if r == 0:
                         sc = score(s, res)
