@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "plan": ["plan"],
     "experiments.runner": ["run", "platforms"],
     "experiments.sweep": ["sweep"],
+    "sim.run": ["simulate"],
     "plots": ["figures"],
     "graphs.convert": ["convert"],
 }

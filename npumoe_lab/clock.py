@@ -47,6 +47,7 @@ class TimelineClock:
     measured: bool
     events: list = field(default_factory=list)
     stats: list = field(default_factory=list)    # (chunk, layer, LayerStats)
+    ops: list = field(default_factory=list)      # (Op, deps, wall) as recorded: the timeline before pricing
 
     @property
     def source(self) -> str:
@@ -61,7 +62,9 @@ class TimelineClock:
         """`deps=None`: after the previous event (program order); else the given event indices."""
         if deps is None:
             deps = (len(self.events) - 1,) if self.events else ()
-        deps = tuple(d for d in deps if d is not None)
+        elif None in deps:                   # an untimed dependency (NullClock upstream) imposes no order
+            deps = tuple(d for d in deps if d is not None)
+        self.ops.append((op, deps, wall))
         seconds = wall if self.measured else self.platform.device(op.role).estimate(op.cost)
         self.events.append(Event(name=op.name, chunk=op.chunk, layer=op.layer, device=op.role,
                                  duration_s=float(seconds), flops=float(op.cost.flops), bytes=float(op.cost.bytes),
@@ -70,6 +73,13 @@ class TimelineClock:
 
     def layer_stats(self, chunk, layer, stats):
         self.stats.append((chunk, layer, stats))
+
+    def repriced(self, platform) -> "TimelineClock":
+        """The same ops on another modeled platform (a simulation prices one op stream on several platforms)."""
+        other = TimelineClock(platform, measured=self.measured, stats=self.stats)
+        for op, deps, wall in self.ops:
+            other.record(op, wall, deps)
+        return other
 
 
 __all__ = ["Clock", "NullClock", "TimelineClock"]

@@ -65,9 +65,12 @@ class ExecutionLayout:
     plan_hash: str | None = None
 
     def layer(self, layer: int) -> LayerLayout:
-        for lay in self.layers:
-            if lay.layer == layer:
-                return lay
+        index = self.__dict__.get("_index")
+        if index is None:                 # built once: the engine asks for a layer on every call
+            index = {lay.layer: lay for lay in self.layers}
+            object.__setattr__(self, "_index", index)
+        if layer in index:
+            return index[layer]
         raise NpuMoeError(f"the plan has no entry for MoE layer {layer} (its layers: "
                           f"{[lay.layer for lay in self.layers]}): it was built for another model")
 

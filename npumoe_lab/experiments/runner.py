@@ -43,7 +43,7 @@ def calibration_profile(model, tokenizer, workload: str, chunk: int, tokens: int
 def _attach_variant(model, variant, specs, profile, config: PrefillConfig, knobs, plan, npu_backend=None):
     """Put the model in the variant's configuration; returns the plan used (or None)."""
     from .. import attach, detach
-    from ..plan import build_plan
+    from ..plan import variant_plan
     detach(model)
     if variant.experts == "hf":
         model.set_experts_implementation("eager")
@@ -53,10 +53,9 @@ def _attach_variant(model, variant, specs, profile, config: PrefillConfig, knobs
         return None
     if plan is not None and variant.name in ("npumoe", "npumoe-spill"):
         used = plan
-    else:
-        kw = {k: v for k, v in knobs.items() if v is not None}
-        kw.update(variant.plan_overrides)
-        used = build_plan(profile, model, platform=config.platform.name, **kw)
+    else:      # the variant's forced knobs over the given ones (plan.variant_plan: what `simulate` builds too)
+        used = variant_plan(profile, variant.name, model, platform=config.platform.name,
+                            **{k: v for k, v in knobs.items() if v is not None})
     attach(model, used, spill=variant.spill, npu_dtype=config.npu_dtype, npu_backend=npu_backend)
     return used
 
