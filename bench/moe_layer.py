@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 from npumoe_lab.clock import NullClock  # noqa: E402  (after the path insert: bench runs from a checkout)
 from npumoe_lab.layout import ExecutionLayout  # noqa: E402
 from npumoe_lab.ops import ChunkContext, chunk_scope  # noqa: E402
+from npumoe_lab.sim.routing import sample_routing, stretch  # noqa: E402  (the simulation's routing sampler)
 
 GEOMETRIES = {  # expert geometry of the real models (E experts, top-K, hidden H, expert intermediate I)
     "qwen3-30b-a3b": dict(family="qwen3_moe", E=128, K=8, H=2048, I=768),
@@ -96,14 +97,6 @@ def measure_peaks(dtype, repeats: int = 5) -> tuple[float, float]:
 
 
 # -- routing ------------------------------------------------------------------------------------------------
-def stretch(shares: np.ndarray, n: int) -> np.ndarray:
-    """A sorted share curve of m experts resampled at n points (same shape over the rank fraction)."""
-    s = np.sort(np.asarray(shares, dtype=float))[::-1]
-    x = (np.arange(len(s)) + 0.5) / len(s)
-    out = np.interp((np.arange(n) + 0.5) / n, x, s)
-    return out / out.sum()
-
-
 def load_shares(E: int, layer: int = 1, chunk: int = 256, tokens: int = 4096) -> tuple[np.ndarray, str]:
     """Per-expert load shares [E] (hottest first) and where they came from."""
     from npumoe_lab.models.loading import TINY_MODEL_DIR
@@ -124,25 +117,12 @@ def load_shares(E: int, layer: int = 1, chunk: int = 256, tokens: int = 4096) ->
     return p / p.sum(), f"Zipf fallback: share ~ (rank + {r0:g})^-{s:g} (no data/models/npumoe-tiny)"
 
 
-def sample_routing(shares, T: int, K: int, gen: torch.Generator, dtype, perm=None):
-    """(top_k_index [T, K], top_k_weights [T, K]): K distinct experts per token drawn ~ shares (Gumbel top-k),
-    weights = softmax over the drawn scores (renormalised top-k, as Qwen3 routes). `perm` maps share rank to
-    expert id, so hot experts are not simply the lowest ids."""
-    E = len(shares)
-    logp = torch.log(torch.as_tensor(shares, dtype=torch.float32))
-    if perm is not None:
-        logp = torch.empty_like(logp).index_copy_(0, perm, logp)
-    gumbel = -torch.log(-torch.log(torch.rand(T, E, generator=gen).clamp_min(1e-20)))
-    v, idx = (logp + gumbel).topk(K, dim=1)
-    return idx, torch.softmax(v, dim=1).to(dtype)
-
-
 def sample_chunks(shares, T, K, n, seed, dtype):
     """n chunks of routing from one distribution (the same hot experts in every chunk: calibration and the
     timed chunk come from the same deployment)."""
-    g = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(len(shares), generator=g)
-    return [sample_routing(shares, T, K, g, dtype, perm) for _ in range(n)]
+    g = np.random.default_rng(seed)
+    perm = g.permutation(len(shares))
+    return [(idx, w.to(dtype)) for idx, w in (sample_routing(shares, T, K, g, perm) for _ in range(n))]
 
 
 # -- plan ---------------------------------------------------------------------------------------------------

@@ -119,7 +119,7 @@ def test_simulate_cli_writes_rows_that_load(tmp_path, capsys):
     assert set(df.numerics_source) == {"none"} and set(df.timing_source) == {"modeled"}
     assert set(df.geometry) == {"phi-tiny-moe"} and df.routing_source.str.startswith("synthetic:gini=0.6").all()
     assert "score" not in df or df.score.isna().all()          # nothing computed, nothing scored
-    assert "npumoe TTFT speedup" in capsys.readouterr().out
+    assert "npumoe TTFT speedup (baseline / npumoe, modeled)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("args,message", [

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ FIGURE_NOTES = {
     "grouping": "group size vs TTFT / energy / NPU calls",
     "residency": "hot threshold vs TTFT / energy",
     "popularity": "calibration: load share per expert and layer",
+    "paper": "the paper's three models simulated (modeled M2 Max / M2 Ultra): main figure and ablation",
 }
 SUMMARY_COLUMNS = ("ttft_s", "energy_per_token_mj", "cpu_cycles", "n_npu_calls", "drop_rate", "score")
 
@@ -103,6 +105,26 @@ def _archive_stale_sweep(sweep_dir: Path, fingerprint: str) -> None:
         print(f"[demo] {sweep_dir} holds rows of another model; moved to {dest}", flush=True)
 
 
+PAPER_SCALE = dict(geometry="qwen3-30b-a3b,phi-3.5-moe,phi-tiny-moe", routing="synthetic:gini=0.6",
+                   platforms="m2-max,m2-ultra", variants="all", prompt_len=1024, chunk=512)
+
+
+def paper_scale_section(out: Path) -> tuple[str, list]:
+    """The paper's three models simulated (geometry + routing statistics, no weights; all modeled): rows in
+    `paper-scale/`, the main figure and ablation of that grid, and the SUMMARY section saying what it shows."""
+    from ..plots import plot_ablation, plot_baselines, save_figure
+    from ..sim.report import paper_scale_markdown
+    from ..sim.run import simulate
+    print("[demo] simulating the paper's models (Qwen3-30B-A3B, Phi-3.5-MoE, Phi-tiny-MoE) ...", flush=True)
+    df = simulate(**PAPER_SCALE, out=out / "paper-scale")
+    figs = save_figure(plot_baselines(df), out / "figures", "paper-scale-baselines") + \
+        save_figure(plot_ablation(df), out / "figures", "paper-scale-ablation")
+    args = " ".join(f"--{k.replace('_', '-').rstrip('s') if k in ('platforms', 'variants') else k.replace('_', '-')} "
+                    f"{v}" for k, v in PAPER_SCALE.items())
+    return (f"## Paper scale, simulated (`npumoe-lab simulate {args}`)\n\n" + paper_scale_markdown(df) + "\n",
+            figs)
+
+
 def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
     import yaml
 
@@ -116,6 +138,8 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
     from .sweep_spec import load_spec
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    # the simulated rows are redrawn below; last run's must not mix into the sweep's figures (make_all_figures(out))
+    shutil.rmtree(out / "paper-scale", ignore_errors=True)
     kernel_env()
     t0 = time.time()
     spec = load_spec(sweep)
@@ -153,6 +177,8 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
     # axis hide the modeled bars
     for plat, g in df.groupby("platform"):
         figs += save_figure(plot_baselines(g), out / "figures", f"baselines-{plat}")
+    paper_scale, paper_figs = paper_scale_section(out)
+    figs += paper_figs
     sources = {"model": f"`{model_name}`" + (" (the bundled data/models/npumoe-tiny)" if model_name == "tiny" else ""),
                "sweep": f"`{Path(sweep).relative_to(REPO_ROOT) if Path(sweep).is_relative_to(REPO_ROOT) else sweep}`"
                         f" -> `{out / 'sweep'}` ({len(report.done) + len(report.skipped)} cells ok, "
@@ -168,7 +194,7 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
                "wall time of the demo": f"{time.time() - t0:.0f} s"}
     path = out / "SUMMARY.md"
     pngs = sorted(p.name for p in figs if p.suffix == ".png")
-    path.write_text(summary_markdown(df, sources) + "\n## Figures (`figures/`, PNG + PDF)\n\n"
+    path.write_text(summary_markdown(df, sources) + "\n" + paper_scale + "\n## Figures (`figures/`, PNG + PDF)\n\n"
                     + "\n".join(f"- `{n}`: {FIGURE_NOTES.get(n.split('.')[0].split('-')[0], '')}" for n in pngs)
                     + "\n")
     print(f"[demo] done in {time.time() - t0:.0f} s: {path}", flush=True)

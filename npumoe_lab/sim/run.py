@@ -28,6 +28,7 @@ from ..utils import progress, provenance
 from ..variants import parse_variants
 from .geometries import load_geometry
 from .replay import replay_prefill
+from .report import ratios
 from .routing import parse_routing
 
 WEIGHT_FORMATS = ("fp16",)      # bytes per weight element streamed by the modeled NPU: fp16 only until int8 lands
@@ -136,13 +137,6 @@ def _simulate(geometry, routing, platforms, variants, prompt_len, chunk, weights
     return df
 
 
-def speedup_table(df: pd.DataFrame, against=("cpu-only", "naive-npu", "anemll")) -> pd.DataFrame:
-    """npumoe's modeled TTFT speedup over each baseline per (geometry, platform, prompt, chunk)."""
-    t = df.pivot_table(index=["model", "platform", "prompt_len", "chunk"], columns="variant", values="ttft_s")
-    out = pd.DataFrame({f"vs {b}": t[b] / t["npumoe"] for b in against if b in t and "npumoe" in t})
-    return out.reset_index()
-
-
 def register_cli(sub) -> None:
     from .geometries import list_geometries
     p = sub.add_parser("simulate", help="paper-scale prefill from a model's geometry and routing statistics "
@@ -176,9 +170,10 @@ def _cli(a: argparse.Namespace) -> int:
             "n_npu_calls", "drop_rate", "pad_rate"]
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 400):
         print(df[cols].to_string(index=False))
-        sp = speedup_table(df)
+        sp = ratios(df, "ttft_s")
         if not sp.empty:
-            print("\nnpumoe TTFT speedup (modeled):\n" + sp.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
+            print("\nnpumoe TTFT speedup (baseline / npumoe, modeled):\n"
+                  + sp.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
     print(f"\n{len(df)} rows (timing modeled, numerics none; routing {df.routing_source.iloc[0]}, measured Gini of "
           f"the sampled counts {df.routing_gini.iloc[0]:.3f}) in {time.perf_counter() - t0:.1f} s; written to {a.out}")
     return 0
