@@ -11,6 +11,9 @@ import warnings
 import pandas as pd
 
 from .errors import NpuMoeError
+from .experiments.runner import calibration_profile, run_experiment
+from .models import load_model
+from .plan import build_plan
 
 DEFAULT_WORKLOADS = ("ruler-multikey", "ruler-vt", "fewshot-cls", "lm-heldout")
 COLUMNS = ["workload", "variant", "platform", "prompt_len", "chunk", "n_samples", "score_name", "ref_score", "score",
@@ -33,7 +36,6 @@ def percentile_for_drop_rate(profile, model, target=(0.10, 0.22), candidates=(95
                              **knobs) -> tuple[float, float]:
     """The highest load percentile whose plan's expected drop rate falls in `target` (the paper's 10-22%),
     else the one closest to the range. Returns (percentile, expected drop rate)."""
-    from .plan import build_plan
     lo, hi = target
     best = None
     for p in candidates:
@@ -52,8 +54,6 @@ def accuracy_report(model="tiny", workloads=DEFAULT_WORKLOADS, variant="npumoe",
 
     target_drop=(lo, hi): pick the tier percentile whose calibrated drop rate falls in that range first.
     """
-    from .experiments.runner import calibration_profile, run_experiment
-    from .models import load_model
     loaded = load_model(model) if isinstance(model, str) else model
     name = model if isinstance(model, str) else None
     if target_drop is not None:

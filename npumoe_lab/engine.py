@@ -90,7 +90,7 @@ class PlanExecutor:
         if self.npu_backend == "torch":
             self.npu_backend = None
         elif isinstance(self.npu_backend, str):   # an external static-graph runtime plays the NPU
-            from .devices.backends import get_npu_backend   # lazy: pulls in the graph builders
+            from .backends import get_npu_backend   # lazy: pulls in the graph builders (onnx, coremltools)
             self.npu_backend = get_npu_backend(self.npu_backend)
         self._work = Workspace()  # packed/out/gather buffers reused across calls and layers (no page faults)
 

@@ -26,6 +26,7 @@ import torch
 
 from ..calibration import CalibrationProfile
 from ..errors import NpuMoeError
+from ..models import load_model
 
 CALIBRATION_TOKENS = 8192        # sampled calibration tokens when a source has no per-chunk counts at this chunk
 MIN_CALIBRATION_CHUNKS = 8
@@ -247,8 +248,7 @@ def from_profile(specs, path) -> PopularityRouting:
 
 def stretched_tiny(specs, seed: int = 0) -> PopularityRouting:
     """The bundled model's calibrated popularity (mixed text, chunk 256, 4096 tokens) stretched to E experts."""
-    from ..experiments.runner import calibration_profile   # lazy: loads the bundled model only for this source
-    from ..models import load_model
+    from ..experiments.runner import calibration_profile  # lazy: loads the bundled model only for this source
     model, tok = load_model("tiny")
     prof = calibration_profile(model, tok, "mixed", 256, 4096, seed)
     rng = np.random.default_rng(seed)

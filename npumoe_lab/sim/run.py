@@ -26,7 +26,7 @@ from ..runtime import PrefillConfig, check_context
 from ..timeline import to_frame
 from ..utils import progress, provenance
 from ..variants import parse_variants
-from .geometries import load_geometry
+from .geometries import list_geometries, load_geometry
 from .replay import replay_prefill
 from .report import ratios
 from .routing import parse_routing
@@ -138,7 +138,6 @@ def _simulate(geometry, routing, platforms, variants, prompt_len, chunk, weights
 
 
 def register_cli(sub) -> None:
-    from .geometries import list_geometries
     p = sub.add_parser("simulate", help="paper-scale prefill from a model's geometry and routing statistics "
                                         "(no weights; times modeled)")
     p.add_argument("--geometry", default="qwen3-30b-a3b",
