@@ -20,6 +20,7 @@ import torch
 from ..devices import get_platform
 from ..engine import PlanExecutor
 from ..errors import NpuMoeError
+from ..knobs import PlanKnobs, add_knob_arguments, knobs_from_args
 from ..layout import ExecutionLayout
 from ..plan import variant_plan
 from ..runtime import PrefillConfig, check_context
@@ -32,7 +33,6 @@ from .report import ratios
 from .routing import parse_routing
 
 WEIGHT_FORMATS = ("fp16",)      # bytes per weight element streamed by the modeled NPU: fp16 only until int8 lands
-PLAN_KNOBS = ("tiers", "group_size", "hot_threshold", "saliency", "percentile", "residency")
 
 
 def _list(value, cast=str) -> list:
@@ -88,9 +88,7 @@ def simulate(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="
 
 
 def _simulate(geometry, routing, platforms, variants, prompt_len, chunk, weights, seed, out, timeline, plan_knobs):
-    unknown = set(plan_knobs) - set(PLAN_KNOBS)
-    if unknown:
-        raise NpuMoeError(f"unknown plan knob(s) {sorted(unknown)}; valid: {', '.join(PLAN_KNOBS)}")
+    PlanKnobs.check_names(plan_knobs)
     if weights not in WEIGHT_FORMATS:
         raise NpuMoeError(f"--weights {weights!r}: use one of {WEIGHT_FORMATS}")
     geos = [load_geometry(g) for g in _list(geometry)]
@@ -150,18 +148,14 @@ def register_cli(sub) -> None:
     p.add_argument("--chunk", default="512", help="comma list")
     p.add_argument("--weights", default="fp16", choices=WEIGHT_FORMATS)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tiers", type=int, default=None)
-    p.add_argument("--group-size", type=int, default=None)
-    p.add_argument("--hot-threshold", type=float, default=None)
-    p.add_argument("--percentile", type=float, default=None)
-    p.add_argument("--residency", default=None)
+    add_knob_arguments(p, with_defaults=False)       # unset: each variant's plan defaults
     p.add_argument("--timeline", action="store_true", help="also write the per-op timelines")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cli)
 
 
 def _cli(a: argparse.Namespace) -> int:
-    knobs = {k: getattr(a, k) for k in PLAN_KNOBS if getattr(a, k, None) is not None}
+    knobs = knobs_from_args(a)
     t0 = time.perf_counter()
     df = simulate(a.geometry, a.routing, a.platform, a.variant, a.prompt_len, a.chunk, a.weights, a.seed, a.out,
                   a.timeline, **knobs)
