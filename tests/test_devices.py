@@ -10,7 +10,6 @@ from npumoe_lab.devices import hostprofile, measured
 from npumoe_lab.devices.platform import FIELDS, REQUIRED, _read_yaml
 from npumoe_lab.errors import NpuMoeError
 
-torch.set_num_threads(1)
 APPLE = ["m2-max", "m2-ultra", "m3-max", "m4-max"]
 
 

@@ -14,7 +14,6 @@ from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.plan import Plan, build_plan, variant_plan
 from npumoe_lab.tiers import assign_tiers
 
-torch.set_num_threads(1)
 FIXTURE = Path(__file__).parent / "fixtures" / "skewed_counts.parquet"
 SPECS = [SimpleNamespace(layer=l, n_experts=64, top_k=2, hidden=2048, intermediate=768) for l in (0, 1)]
 

@@ -8,7 +8,6 @@ from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.grouping import Group
 from npumoe_lab.residency import assign_residency
 
-torch.set_num_threads(1)
 H, I = 16, 32
 SPEC = SimpleNamespace(hidden=H, intermediate=I)
 

@@ -25,7 +25,6 @@ from npumoe_lab.sim.routing import RecordedRouting, gini, parse_routing, sample_
 from npumoe_lab.sim.run import simulate, variant_executor
 from npumoe_lab.variants import VARIANTS
 
-torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")

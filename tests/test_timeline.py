@@ -9,7 +9,6 @@ from npumoe_lab.devices.measured import Measurement
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.timeline import Event, measured_event, modeled_event, schedule, summarize, to_frame
 
-torch.set_num_threads(1)
 
 
 def toy_platform(shares: bool = False) -> Platform:
