@@ -2,7 +2,6 @@
 import time
 
 import pytest
-import torch
 
 from npumoe_lab.devices import (DeviceModel, OpCost, attention_cost, dense_cost, expert_ffn_cost,
                                 format_platforms, get_platform, list_platforms, measure, memory_cost)

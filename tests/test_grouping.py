@@ -1,7 +1,6 @@
 """Groups of same-tier experts: hand-worked layouts, the caps on group size, and invariants."""
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings, strategies as st
 
 from npumoe_lab.errors import NpuMoeError

@@ -6,7 +6,6 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
-import torch
 
 from npumoe_lab import cli
 from npumoe_lab.calibration import CalibrationProfile

@@ -2,7 +2,6 @@
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.grouping import Group

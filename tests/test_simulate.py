@@ -22,7 +22,7 @@ from npumoe_lab.runtime import PrefillConfig, run_prefill
 from npumoe_lab.sim.geometries import load_geometry
 from npumoe_lab.sim.replay import replay_prefill
 from npumoe_lab.sim.routing import RecordedRouting, gini, parse_routing, sample_routing
-from npumoe_lab.sim.run import simulate, variant_executor
+from npumoe_lab.sim.run import variant_executor
 from npumoe_lab.variants import VARIANTS
 
 

@@ -6,7 +6,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.tiers import align_up, assign_tiers, expected_drop_rate, expected_padding, expected_kept_tokens

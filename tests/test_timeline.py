@@ -2,7 +2,6 @@
 import math
 
 import pytest
-import torch
 
 from npumoe_lab.devices import DeviceModel, OpCost, Platform, get_platform
 from npumoe_lab.devices.measured import Measurement
