@@ -66,9 +66,8 @@ class TimelineClock:
             deps = tuple(d for d in deps if d is not None)
         self.ops.append((op, deps, wall))
         seconds = wall if self.measured else self.platform.device(op.role).estimate(op.cost)
-        self.events.append(Event(name=op.name, chunk=op.chunk, layer=op.layer, device=op.role,
-                                 duration_s=float(seconds), flops=float(op.cost.flops), bytes=float(op.cost.bytes),
-                                 timing_source=self.source, deps=deps, calls=int(op.cost.calls)))
+        self.events.append(Event.trusted(op.name, op.chunk, op.layer, op.role, float(seconds), op.cost.flops,
+                                         op.cost.bytes, self.source, deps, op.cost.calls))
         return len(self.events) - 1
 
     def layer_stats(self, chunk, layer, stats):
