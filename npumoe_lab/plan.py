@@ -191,19 +191,27 @@ def _platform(platform):
 
 def build_plan(profile, model_or_specs=None, tiers: int = 3, percentile: float = 90, align: int = 8,
                min_capacity: int = 8, group_size: int = 8, order: str = "popularity",
-               hot_threshold: float | None = None, residency: str = "threshold", saliency: str = "weight_x_norm",
+               hot_threshold: float | None = None, residency: str | None = None, saliency: str = "weight_x_norm",
                renormalize: bool = False, platform="m2-max", npu_memory_budget_bytes: int | None = None,
                capacity_rule: str = "tiered", uniform_slack: int = 16, multipliers=None, top_fraction: float = 0.25,
                strict: bool = False, dtype_bytes: int = 2) -> Plan:
     """Plan for every calibrated MoE layer. `profile`: a CalibrationProfile or its directory. `model_or_specs`:
     the model (its fingerprint must match the profile's), a list of MoELayerSpec, or None (specs stored in the
-    profile). `hot_threshold=None` in threshold mode = one balanced expert's load, chunk * top_k / n_experts.
-    `platform` (name or Platform) gives the graph limits and the cost model; None = no device limits."""
+    profile). `residency=None`: "cost" (each group where the platform's model runs it faster), or "threshold"
+    when a hot_threshold is given (the ablation knob) or there is no platform (no cost model to ask). `hot_threshold=None` in threshold mode = one balanced
+    expert's load, chunk * top_k / n_experts. `platform` (name or Platform) gives the graph limits and the cost
+    model; None = no device limits and no cost model. The graph byte budget counts the
+    NPU's stored weight size (platform npu.weight_bytes, e.g. 1 for int8), else dtype_bytes."""
     from .calibration import CalibrationProfile
     if not isinstance(profile, CalibrationProfile):
         profile = CalibrationProfile.load(profile)
     check_rule(saliency)
     specs, plat = _specs(profile, model_or_specs), _platform(platform)
+    if residency is None:
+        residency = "threshold" if hot_threshold is not None or plat is None else "cost"
+    elif residency == "cost" and hot_threshold is not None:
+        raise NpuMoeError(f"hot_threshold={hot_threshold} applies to residency 'threshold' only; pass "
+                          f"residency='threshold' with it, or drop it for the cost rule")
     knobs = dict(tiers=tiers, percentile=percentile, align=align, min_capacity=min_capacity, group_size=group_size,
                  order=order, hot_threshold=hot_threshold, residency=residency, capacity_rule=capacity_rule,
                  uniform_slack=uniform_slack, multipliers=None if multipliers is None else list(multipliers),
@@ -212,6 +220,7 @@ def build_plan(profile, model_or_specs=None, tiers: int = 3, percentile: float =
     npu = getattr(plat, "npu", None)
     limit = getattr(npu, "graph_limit_bytes", None)
     max_dim = getattr(npu, "max_dim", None)
+    weight_size = getattr(npu, "weight_bytes", None) or dtype_bytes    # what the NPU graph stores per weight
     layers, all_groups, flags = [], [], []
     for spec in specs:
         if spec.layer not in profile.layers:
@@ -229,12 +238,14 @@ def build_plan(profile, model_or_specs=None, tiers: int = 3, percentile: float =
         coact = profile.coactivation_matrix(spec.layer) if order == "coactivation" else None
         groups, notes = make_groups_with_notes(assign.tier, assign.capacity, kept, group_size, order, coact,
                                                hidden=spec.hidden, intermediate=spec.intermediate,
-                                               dtype_bytes=dtype_bytes, graph_limit_bytes=limit, max_dim=max_dim,
+                                               dtype_bytes=weight_size, graph_limit_bytes=limit, max_dim=max_dim,
                                                strict=strict)
         thr = hot_threshold
         if residency == "threshold" and thr is None:
             thr = profile.chunk * spec.top_k / spec.n_experts
-        flags += assign_residency(groups, residency, thr, plat, spec, None, dtype_bytes)
+        routed = counts.mean(axis=1)         # expected routed tokens per chunk per expert: the CPU's load
+        loads = [float(sum(routed[e] for e in g.experts)) for g in groups]
+        flags += assign_residency(groups, residency, thr, plat, spec, None, dtype_bytes, loads=loads)
         all_groups += groups
         layers.append({"layer": spec.layer, "n_experts": spec.n_experts, "top_k": spec.top_k, "hidden": spec.hidden,
                        "intermediate": spec.intermediate, "capacity": assign.capacity.tolist(),
@@ -310,9 +321,11 @@ def register_cli(subparsers) -> None:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--order", choices=("popularity", "coactivation"), default="popularity")
     p.add_argument("--strict", action="store_true", help="error when the group size exceeds a tier")
-    p.add_argument("--residency", choices=RESIDENCY_MODES, default="threshold")
+    p.add_argument("--residency", choices=RESIDENCY_MODES, default=None,
+                   help="default: cost (NPU only where the platform model says it is faster), or threshold when "
+                        "--hot-threshold is given or --platform is none")
     p.add_argument("--hot-threshold", type=float, default=None,
-                   help="expected tokens per chunk for a resident group (default chunk*top_k/n_experts)")
+                   help="threshold residency: expected tokens per chunk for a resident group")
     p.add_argument("--npu-memory-budget", type=int, default=None, help="bytes of expert weights on the NPU")
     p.add_argument("--saliency", choices=SALIENCY_RULES, default="weight_x_norm")
     p.add_argument("--renormalize", action="store_true", help="renormalize kept top-k weights after drops")

@@ -56,6 +56,10 @@ class Clock:
         seconds = wall if self.measured else self.platform.device(role).estimate(cost)
         return self._add(name, role, layer, seconds, cost, deps)
 
+    def weight_bytes(self, role) -> int:
+        """Stored weight element size on `role` (the platform's npu weight_bytes, e.g. 1 for int8), else dtype."""
+        return getattr(self.platform.device(role), "weight_bytes", None) or self.dtype_bytes
+
     def layer_stats(self, layer, stats: LayerStats):
         self.stats.append((self.chunk, layer, stats))
 
@@ -72,7 +76,8 @@ class Clock:
             return memory_cost(2 * d.slot.numel() * H * b, "scatter")
         if kind == "ffn":
             gs, w = spec[1], spec[2]
-            return expert_ffn_cost(len(gs.experts), gs.capacity, w.hidden, w.intermediate, dtype_bytes=b)
+            return expert_ffn_cost(len(gs.experts), gs.capacity, w.hidden, w.intermediate, dtype_bytes=b,
+                                   weight_bytes=self.weight_bytes("npu" if gs.resident else "cpu"))
         if kind == "dynamic":
             mask, w = spec[1], spec[2]
             return _dynamic_cost(spec[3], mask, w, b)
@@ -133,7 +138,8 @@ class _Hooks:
         heads = c.num_attention_heads
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
         return attention_cost(T, past, c.hidden_size, heads, getattr(c, "num_key_value_heads", heads), head_dim,
-                              dtype_bytes=self.clock.dtype_bytes)
+                              dtype_bytes=self.clock.dtype_bytes,
+                              weight_bytes=self.clock.weight_bytes(self.clock.attention_role))
 
     def _router_cost(self, ref):
         def cost(args, kwargs):
@@ -149,7 +155,8 @@ class _Hooks:
         def cost(args, kwargs):
             x = args[0] if args else next(iter(kwargs.values()))
             rows = x.reshape(-1, x.shape[-1]).shape[0]
-            c = dense_cost(rows, x.shape[-1], max(1, n_params // x.shape[-1]), dtype_bytes=self.clock.dtype_bytes)
+            c = dense_cost(rows, x.shape[-1], max(1, n_params // x.shape[-1]), dtype_bytes=self.clock.dtype_bytes,
+                           weight_bytes=self.clock.weight_bytes(self.clock.attention_role))
             return c
         return cost
 
