@@ -30,7 +30,8 @@ class PlanKnobs:
     group_size: int = knob(8, "experts per static group (one NPU graph each)", minimum=1)
     order: str = knob("popularity", "how experts are ordered into groups", ORDERS)
     strict: bool = knob(False, "error when the group size exceeds a tier")
-    residency: str = knob("threshold", "which groups stay on the NPU", RESIDENCY_MODES)
+    residency: str | None = knob(None, "which groups stay on the NPU (default: cost, or threshold when "
+                                       "hot_threshold is given or there is no platform)", RESIDENCY_MODES)
     hot_threshold: float | None = knob(None, "expected tokens per chunk for a resident group (threshold rule; "
                                              "default chunk*top_k/n_experts)", minimum=0)
     npu_memory_budget_bytes: int | None = knob(None, "bytes of expert weights allowed on the NPU", minimum=0)
@@ -42,7 +43,7 @@ class PlanKnobs:
         for f in fields(self):
             v, meta = getattr(self, f.name), f.metadata
             if v is None:
-                if f.default is not None:
+                if f.default is not None:   # a knob whose default is None may be None (resolved by build_plan)
                     raise NpuMoeError(f"plan knob {f.name} cannot be None; give a value or leave the default "
                                       f"{f.default!r}")
                 continue

@@ -199,10 +199,12 @@ def _platform(platform):
 def build_plan(profile, model_or_specs=None, platform="m2-max", **knobs) -> Plan:
     """Plan for every calibrated MoE layer. `profile`: a CalibrationProfile or its directory. `model_or_specs`:
     the model (its fingerprint must match the profile's), a list of MoELayerSpec, or None (specs stored in the
-    profile). `platform` (name or Platform) gives the graph limits and the cost model; None = no device limits.
-    `knobs`: any of `knobs.PlanKnobs` (tiers=3, percentile=90, group_size=8, residency="threshold", ...: defaults
-    and checks live there); `hot_threshold=None` in threshold mode = one balanced expert's load,
-    chunk * top_k / n_experts."""
+    profile). `platform` (name or Platform) gives the graph limits and the cost model; None = no device limits and
+    no cost model. `knobs`: any of `knobs.PlanKnobs` (tiers=3, percentile=90, group_size=8, ...: defaults and checks
+    live there). `residency=None`: "cost" (each group where the platform's model runs it faster), or "threshold"
+    when a hot_threshold is given (the ablation knob) or there is no platform; `hot_threshold=None` in threshold
+    mode = one balanced expert's load, chunk * top_k / n_experts. The graph byte budget counts the NPU's stored
+    weight size (platform npu.weight_bytes, e.g. 1 for int8), else dtype_bytes."""
     if not isinstance(profile, CalibrationProfile):
         profile = CalibrationProfile.load(profile)
     PlanKnobs.check_names(knobs)
@@ -214,9 +216,16 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", **knobs) -> Plan
                                                                       k.top_fraction, k.group_size, k.order)
     strict, residency, hot_threshold, dtype_bytes = k.strict, k.residency, k.hot_threshold, k.dtype_bytes
     saliency, renormalize, npu_memory_budget_bytes = k.saliency, k.renormalize, k.npu_memory_budget_bytes
+    if residency is None:
+        residency = "threshold" if hot_threshold is not None or plat is None else "cost"
+    elif residency == "cost" and hot_threshold is not None:
+        raise NpuMoeError(f"hot_threshold={hot_threshold} applies to residency 'threshold' only; pass "
+                          f"residency='threshold' with it, or drop it for the cost rule")
+    knobs["residency"] = residency
     npu = getattr(plat, "npu", None)
     limit = getattr(npu, "graph_limit_bytes", None)
     max_dim = getattr(npu, "max_dim", None)
+    weight_size = getattr(npu, "weight_bytes", None) or dtype_bytes    # what the NPU graph stores per weight
     layers, all_groups, flags = [], [], []
     for spec in specs:
         if spec.layer not in profile.layers:
@@ -234,12 +243,14 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", **knobs) -> Plan
         coact = profile.coactivation_matrix(spec.layer) if order == "coactivation" else None
         groups, notes = make_groups_with_notes(assign.tier, assign.capacity, kept, group_size, order, coact,
                                                hidden=spec.hidden, intermediate=spec.intermediate,
-                                               dtype_bytes=dtype_bytes, graph_limit_bytes=limit, max_dim=max_dim,
+                                               dtype_bytes=weight_size, graph_limit_bytes=limit, max_dim=max_dim,
                                                strict=strict)
         thr = hot_threshold
         if residency == "threshold" and thr is None:
             thr = profile.chunk * spec.top_k / spec.n_experts
-        flags += assign_residency(groups, residency, thr, plat, spec, None, dtype_bytes)
+        routed = counts.mean(axis=1)         # expected routed tokens per chunk per expert: the CPU's load
+        loads = [float(sum(routed[e] for e in g.experts)) for g in groups]
+        flags += assign_residency(groups, residency, thr, plat, spec, None, dtype_bytes, loads=loads)
         all_groups += groups
         layers.append({"layer": spec.layer, "n_experts": spec.n_experts, "top_k": spec.top_k, "hidden": spec.hidden,
                        "intermediate": spec.intermediate, "capacity": assign.capacity.tolist(),

@@ -60,7 +60,8 @@ def _by_layout(variant, specs, profile, plats, knobs) -> list:
     groups = {}
     for plat in plats:
         executor, plan = variant_executor(variant, specs, profile, plat, knobs)
-        key = executor.layout.layers if executor is not None else None
+        # one op stream for platforms with the same layout and the same stored NPU weight size (op bytes follow it)
+        key = (executor.layout.layers if executor is not None else None, getattr(plat.npu, "weight_bytes", None))
         groups.setdefault(key, (executor, []))[1].append((plat, plan))
     return list(groups.values())
 
