@@ -33,7 +33,7 @@ from .replay import replay_prefill
 from .report import ratios
 from .routing import parse_routing
 
-WEIGHT_FORMATS = ("fp16",)      # bytes per weight element streamed by the modeled NPU: fp16 only until int8 lands
+WEIGHT_FORMATS = {"fp16": {}, "int8": {"npu_weight_bytes": "int8"}}   # -> platform override of the NPU's weights
 
 
 def _list(value, cast=str) -> list:
@@ -102,9 +102,9 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
     """(row, PrefillResult with its scheduled events) per combination; everything is checked before the first."""
     PlanKnobs.check_names(plan_knobs)
     if weights not in WEIGHT_FORMATS:
-        raise NpuMoeError(f"--weights {weights!r}: use one of {WEIGHT_FORMATS}")
+        raise NpuMoeError(f"--weights {weights!r}: use one of {', '.join(WEIGHT_FORMATS)}")
     geos = [load_geometry(g) for g in _list(geometry)]
-    plats = [p if isinstance(p, Platform) else get_platform(p) for p in
+    plats = [p if isinstance(p, Platform) else get_platform(p, **WEIGHT_FORMATS[weights]) for p in
              (platforms if isinstance(platforms, (list, tuple)) else _list(platforms))]
     for p in plats:
         if p.kind == "measured":
@@ -155,7 +155,8 @@ def register_cli(sub) -> None:
     p.add_argument("--variant", default="all", help="comma list or 'all'")
     p.add_argument("--prompt-len", default="1024", help="comma list")
     p.add_argument("--chunk", default="512", help="comma list")
-    p.add_argument("--weights", default="fp16", choices=WEIGHT_FORMATS)
+    p.add_argument("--weights", default="fp16", choices=list(WEIGHT_FORMATS),
+                   help="NPU weight storage: fp16, or int8 dequantized on the NPU (half the bytes streamed)")
     p.add_argument("--seed", type=int, default=0)
     add_knob_arguments(p, with_defaults=False)       # unset: each variant's plan defaults
     p.add_argument("--timeline", action="store_true", help="also write the per-op timelines")
