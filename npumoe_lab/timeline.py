@@ -91,7 +91,9 @@ def schedule(events, npu_shares_cpu: bool = False) -> list[Event]:
     out: list[Event] = []
     ends: list[float] = []                    # end time of each placed event (a paper-scale run has millions)
     for i, ev in enumerate(events):
-        fields_ = dict(ev.__dict__)
+        placed = object.__new__(Event)           # a copy with its start time: the fields were validated already
+        fields_ = placed.__dict__
+        fields_.update(ev.__dict__)
         queue = "cpu" if npu_shares_cpu else fields_["device"]
         start = free[queue]
         for d in fields_["deps"]:
@@ -101,8 +103,6 @@ def schedule(events, npu_shares_cpu: bool = False) -> list[Event]:
             if ends[d] > start:
                 start = ends[d]
         fields_["start_s"] = start
-        placed = object.__new__(Event)           # a copy with its start time: the fields were validated already
-        placed.__dict__.update(fields_)
         out.append(placed)
         free[queue] = end = start + fields_["duration_s"]
         ends.append(end)

@@ -88,7 +88,7 @@ def simulate(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="
         if timeline:
             frames.append(to_frame(res.events).assign(variant=row["variant"], platform=row["platform"],
                                                       model=row["model"], prompt_len=row["prompt_len"],
-                                                      chunk=row["chunk"], sample=0))
+                                                      chunk_size=row["chunk"], sample=0))
     df = pd.DataFrame(rows)
     if out is not None:
         write_rows(df, out)
