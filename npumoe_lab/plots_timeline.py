@@ -175,8 +175,9 @@ def _draw(frame_or_events, title, platform, host, max_events, shared_queue, widt
             if rows.empty:
                 continue
             xr = list(zip(rows["start_s"] * scale, (rows["end_s"] - rows["start_s"]) * scale))
-            ax.broken_barh(xr, (y[lane] - 0.35, 0.7), facecolors=color, edgecolor="none",
-                           gid=f"lane-{lane.split()[0]}")
+            # thin white edges separate back-to-back calls (e.g. a layer's groups) while bars are wide enough
+            ax.broken_barh(xr, (y[lane] - 0.35, 0.7), facecolors=color, edgecolor="white",
+                           linewidth=0.4 if len(spans) < 600 else 0, gid=f"lane-{lane.split()[0]}")
     if per_call and (spans["overhead_s"] > 0).any():
         o = spans[spans["overhead_s"] > 0]
         frac = o["overhead_s"] / o["duration_s"].where(o["duration_s"] > 0, 1.0)   # merged: the members' share
