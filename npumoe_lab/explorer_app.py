@@ -84,7 +84,7 @@ class Explorer(W.VBox):
         self.controls["hot_scale"].description_tooltip = "hot threshold in units of one balanced expert's load"
         layers = [s.layer for s in lab.specs]
         self.layer = W.Dropdown(options=layers, value=layer if layer in layers else layers[0],
-                                description="layer (capacity panel)", style=style, layout=lay)
+                                description="layer (capacity tab)", style=style, layout=lay)
         self.metrics = W.HTML().add_class("npumoe-metrics")
         self.status = W.HTML().add_class("npumoe-status")
         self.images = {k: W.Image(format="png").add_class(f"npumoe-{k}") for k in PANELS}

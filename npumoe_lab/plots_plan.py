@@ -66,7 +66,7 @@ def group_map(plan, width: float = 6.0):
         from matplotlib.figure import Figure
         from matplotlib.patches import Patch
         layers = plan.layers
-        fig = Figure(figsize=(width, 0.9 + 0.16 * min(len(layers), 48)), layout="constrained")
+        fig = Figure(figsize=(width, 0.9 + min(0.16 * len(layers), 3.6)), layout="constrained")   # 48 layers fit
         ax = fig.subplots()
         n_tiers = max(len(lp["tier_capacities"]) for lp in layers)
         for r, lp in enumerate(layers):
