@@ -74,14 +74,14 @@ class Explorer(W.VBox):
                                             value=knobs.group_size, description="group size", **c),
             "residency": W.Dropdown(options=RESIDENCY_MODES, value=knobs.residency, description="residency rule",
                                     style=style, layout=lay),
-            "hot_scale": W.FloatSlider(knobs.hot_scale, min=0, max=4, step=0.25, description="hot threshold (×E/k)",
-                                       **c),
+            "hot_scale": W.FloatSlider(knobs.hot_scale, min=0, max=4, step=0.25,
+                                       description="hot threshold (×fair)", **c),
             "platform": W.Dropdown(options=modeled, value=knobs.platform, description="platform", style=style,
                                    layout=lay),
             "chunk": W.Dropdown(options=lab.chunk_options(), value=knobs.chunk, description="chunk (tokens)",
                                 style=style, layout=lay),
         }
-        self.controls["hot_scale"].description_tooltip = "hot threshold in units of one balanced expert's load"
+        self.controls["hot_scale"].tooltip = "hot threshold in units of one balanced expert's load (chunk·k/E)"
         layers = [s.layer for s in lab.specs]
         self.layer = W.Dropdown(options=layers, value=layer if layer in layers else layers[0],
                                 description="layer (capacity tab)", style=style, layout=lay)
@@ -140,6 +140,7 @@ class Explorer(W.VBox):
         t0 = time.perf_counter()
         k = {name: w.value for name, w in self.controls.items()}
         self.knobs = replace(self.knobs, **k)
+        self.controls["hot_scale"].disabled = self.knobs.residency != "threshold"   # only that rule reads it
         try:
             ev = self.lab.evaluate(self.knobs)
         except Exception as exc:   # noqa: BLE001 - e.g. a group over the platform's graph limit: say so, keep going

@@ -68,18 +68,25 @@ def group_map(plan, width: float = 6.0):
         layers = plan.layers
         fig = Figure(figsize=(width, 0.9 + min(0.16 * len(layers), 3.6)), layout="constrained")   # 48 layers fit
         ax = fig.subplots()
+        from matplotlib.colors import to_rgba
         n_tiers = max(len(lp["tier_capacities"]) for lp in layers)
+        bars = {True: [], False: []}            # resident -> (row, left, width, colour); one barh call per device
         for r, lp in enumerate(layers):
             x = 0.0
             for g in lp["groups"]:
-                if g["resident"]:
-                    w, alpha, hatch, color = len(g["experts"]) * g["capacity"], 1.0 - 0.55 * g["tier"] / max(n_tiers, 2), None, NPU
+                if g["resident"]:               # larger tiers (lower index) darker
+                    w, color = len(g["experts"]) * g["capacity"], to_rgba(NPU, 1.0 - 0.55 * g["tier"] / max(n_tiers, 2))
                 else:
-                    w, alpha, hatch, color = g["expected_tokens"], 0.9, "////", CPU
-                ax.barh(r, w, left=x, height=0.8, color=color, alpha=alpha, hatch=hatch, edgecolor="white",
-                        linewidth=0.5)
+                    w, color = g["expected_tokens"], to_rgba(CPU, 0.9)
+                bars[bool(g["resident"])].append((r, x, w, color))
                 x += w
-        ax.set_yticks(range(len(layers)), [str(lp["layer"]) for lp in layers], fontsize=5.5 if len(layers) > 12 else 6.5)
+        for resident, b in bars.items():
+            if b:
+                r, left, w, colors = zip(*b)
+                ax.barh(r, w, left=left, height=0.8, color=colors, hatch=None if resident else "////",
+                        edgecolor="white", linewidth=0.5)
+        ax.set_yticks(range(len(layers)), [str(lp["layer"]) for lp in layers],
+                      fontsize=5.5 if len(layers) > 12 else 6.5)
         if len(layers) > 24:
             for lbl in ax.get_yticklabels()[1::2]:
                 lbl.set_visible(False)

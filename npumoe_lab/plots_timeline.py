@@ -168,10 +168,10 @@ def _draw(frame_or_events, title, platform, host, max_events, shared_queue, widt
     for kind in kinds:
         color = KIND_STYLE[kind][1]
         for lane in lanes:
-            rows = spans[(spans["kind"] == kind) & (spans["critical"] if lane == "critical path"
-                                                    else spans["device"] == lane)]
-            if lane == "critical path":   # only the critical events themselves, not the merged spans' gaps
+            if lane == "critical path":   # the critical events themselves, never merged spans (no gaps filled)
                 rows = df[df["critical"] & (df["kind"] == kind)]
+            else:
+                rows = spans[(spans["kind"] == kind) & (spans["device"] == lane)]
             if rows.empty:
                 continue
             xr = list(zip(rows["start_s"] * scale, (rows["end_s"] - rows["start_s"]) * scale))
