@@ -92,6 +92,12 @@ class PlanLab:
                 self._routing[chunk] = self.source.chunks(self.specs, self.prompt_len, chunk, self.seed)
         return self._routing[chunk]
 
+    @property
+    def routing_label(self) -> str:
+        if self.model is not None:
+            return "recorded in one dropless prefill of the prompt"
+        return f"sampled from {self.source.label}"
+
     def _record(self, chunk: int) -> list:
         """One dropless prefill (HF's own experts) of the prompt with its routing recorded; keeps its logits as the
         reference of the real-numerics button."""

@@ -147,7 +147,7 @@ class Explorer(W.VBox):
             self.metrics.value = f"<span style='color:#b00'>this setting has no plan: {html.escape(str(exc))}</span>"
             return
         self.evaluation, self._stale = ev, set(PANELS)
-        self.metrics.value = _metrics_html(pd.DataFrame(summary_rows(ev)), self._source(), ev)
+        self.metrics.value = _metrics_html(pd.DataFrame(summary_rows(ev)), self._source(), ev, self.lab.routing_label)
         self._draw_visible()
         self._status(time.perf_counter() - t0, f"plan + replay {ev.seconds:.2f} s")
 
@@ -176,12 +176,13 @@ class Explorer(W.VBox):
         self.status.value = f"<small>updated in {seconds:.2f} s ({what}; simulated timing, no model forward)</small>"
 
 
-def _metrics_html(rows: pd.DataFrame, source: str, ev) -> str:
+def _metrics_html(rows: pd.DataFrame, source: str, ev, routing: str) -> str:
     cur = rows.iloc[0]
     head = (f"<div><b class='npumoe-ttft'>TTFT {1e3 * cur.ttft_s:.4g} ms</b> · energy "
             f"{cur.energy_per_token_mj:.3g} mJ/token · CPU {cur.cpu_cycles / 1e6:.3g} M cycles · drop "
             f"{100 * cur.drop_rate:.2f} % · padding {100 * cur.pad_rate:.1f} % · {int(cur.n_npu_calls)} NPU calls "
-            f"<small>({html.escape(source)}; calibration: {html.escape(ev.calibration)})</small></div>")
+            f"<small>({html.escape(source)}; calibration: {html.escape(ev.calibration)}; routing: "
+            f"{html.escape(routing)})</small></div>")
     t = rows.assign(ttft_ms=rows.ttft_s * 1e3, cpu_mcycles=rows.cpu_cycles / 1e6, drop_pct=rows.drop_rate * 100,
                     pad_pct=rows.pad_rate * 100)
     t = t[["configuration", "ttft_ms", "energy_per_token_mj", "cpu_mcycles", "drop_pct", "pad_pct", "n_npu_calls"]]

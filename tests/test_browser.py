@@ -249,6 +249,9 @@ def test_explorer_slider_changes_the_plotted_ttft(jupyterlab, browser, tmp_path)
     wait.until(lambda d: _ttft(d) is not None)              # the widget view rendered its metrics
     before = _ttft(browser)
     assert re.fullmatch(r"TTFT [\d.]+ ms", before), before
+    src = "const i = document.querySelector('img.npumoe-baselines'); return i && i.naturalWidth > 100 ? i.src : null;"
+    wait.until(lambda d: d.execute_script(src))              # the bars vs the baselines (the open tab) drawn
+    bars_before = browser.execute_script(src)
     slider = browser.find_element(By.XPATH, "//div[contains(@class,'widget-slider')]"
                                             "[.//label[normalize-space()='capacity tiers']]")
     readout = slider.find_element(By.CSS_SELECTOR, ".widget-readout")
@@ -261,6 +264,7 @@ def test_explorer_slider_changes_the_plotted_ttft(jupyterlab, browser, tmp_path)
     wait.until(lambda d: _ttft(d) != before)                 # the kernel re-planned and rewrote the metrics
     after = _ttft(browser)
     assert re.fullmatch(r"TTFT [\d.]+ ms", after) and after != before, (before, after)
+    wait.until(lambda d: d.execute_script(src) not in (None, bars_before))   # and the bar chart was redrawn
     status = browser.find_element(By.CSS_SELECTOR, ".npumoe-status").text
     assert re.search(r"updated in [\d.]+ s", status), status
     # the lazily drawn timeline tab renders for the new plan
