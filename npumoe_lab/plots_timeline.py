@@ -68,10 +68,6 @@ def events_frame(frame_or_events) -> pd.DataFrame:
         items = d.split() if isinstance(d, str) else ([] if d is None or isinstance(d, float) else list(d))
         return tuple(pos[int(x)] for x in items)
     df["deps"] = df["deps"].map(parse)
-    rest = (df["name"] == "other") & (df["layer"] == -1)     # the last op of every chunk
-    if df["chunk"].nunique() == 1 and rest.sum() > 1:
-        # `simulate` frames carry the chunk *size* in `chunk` (assigned over the event's chunk index): recount
-        df["chunk"] = rest.cumsum().shift(fill_value=0).astype(int)
     df["end_s"] = df["start_s"] + df["duration_s"]
     df["kind"] = df["name"].map(op_kind)
     return df
@@ -241,7 +237,7 @@ def _source_label(df, sources, host) -> str:
 
 # -- `npumoe-lab figures`: one timeline figure per prefill found under a results folder ---------------------------
 MAX_FIGURES = 4          # a sweep holds hundreds of prefills: draw the first few, say how many were left out
-PREFILL_KEYS = ("model", "variant", "platform", "prompt_len")
+PREFILL_KEYS = ("model", "variant", "platform", "prompt_len", "chunk_size")   # chunk_size: simulated grids
 
 
 def timeline_files(results_dir) -> list:
@@ -281,7 +277,9 @@ def timeline_figures(results_dir, out_dir, rows: pd.DataFrame | None = None, dpi
                     info[col] = match[col].iloc[0]
             words = [str(info[k]) for k in ("model", "variant", "platform") if pd.notna(info.get(k))]
             prompt = info.get("prompt_len")
-            name = "-".join(["timeline", *words] + ([f"p{int(prompt)}"] if pd.notna(prompt) else []))
+            size = info.get("chunk_size")
+            name = "-".join(["timeline", *words] + ([f"p{int(prompt)}"] if pd.notna(prompt) else [])
+                            + ([f"c{int(size)}"] if pd.notna(size) else []))
             name = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
             while name in names:
                 name += "-b"
