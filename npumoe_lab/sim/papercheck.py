@@ -66,11 +66,12 @@ def quantities(df: pd.DataFrame, breakdown: dict) -> dict:
     return q
 
 
-def paper_check(routing: str = "synthetic:gini=0.6", seed: int = 0, sensitivity: bool = True):
-    """(table, sensitivity rows of the point setting): one table row per predictable paper number."""
+def paper_check(routing: str = "synthetic:gini=0.6", seed: int = 0, sensitivity: bool = True, grid: dict = GRID):
+    """(table, sensitivity rows of the point setting, simulated grid rows): one table row per predictable paper
+    number. `grid`: the simulated grid (default the paper's; tests pass a smaller one)."""
     rows, breakdown = [], {}
-    for row, res in iter_simulation(GRID["geometry"], routing, GRID["platforms"], "all", GRID["prompt_len"],
-                                    GRID["chunk"], seed=seed):
+    for row, res in iter_simulation(grid["geometry"], routing, grid["platforms"], "all", grid["prompt_len"],
+                                    grid["chunk"], seed=seed):
         rows.append(row)
         if (row["model"], row["platform"], row["prompt_len"], row["chunk"]) == \
                 ("phi-3.5-moe", POINT["platform"], POINT["prompt_len"], POINT["chunk"]) and \
@@ -81,18 +82,18 @@ def paper_check(routing: str = "synthetic:gini=0.6", seed: int = 0, sensitivity:
                           for k, (p, m) in quantities(df, breakdown).items()])
     sens = pd.DataFrame()
     if sensitivity:
-        table, sens = _with_sensitivity(table, routing, seed)
+        table, sens = _with_sensitivity(table, routing, seed, grid["geometry"])
     return table, sens, df
 
 
-def _with_sensitivity(table: pd.DataFrame, routing: str, seed: int):
+def _with_sensitivity(table: pd.DataFrame, routing: str, seed: int, geometry: str):
     """The two parameters each quantity moves most (|log change| at the point setting, M2 Ultra alternatives)."""
     cs = cases(POINT["platform"])
     by_hash = {}
     for c in cs:
         by_hash.setdefault(c["platform"].hash, []).append(c)
     per_case, breakdown, srows = {}, {}, []
-    for row, res in iter_simulation(GRID["geometry"], routing, [c["platform"] for c in cs], VARIANTS,
+    for row, res in iter_simulation(geometry, routing, [c["platform"] for c in cs], VARIANTS,
                                     POINT["prompt_len"], POINT["chunk"], seed=seed):
         for c in by_hash[row["platform_hash"]]:
             per_case.setdefault(c["case"], []).append(row)
