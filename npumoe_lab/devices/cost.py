@@ -21,6 +21,11 @@ def _check_count(what: str, value, minimum: int = 1) -> int:
     return value
 
 
+def _counts(**named) -> list[int]:
+    """Each named argument checked as a whole number >= 1, in the order given."""
+    return [_check_count(what, value) for what, value in named.items()]
+
+
 def _check_amount(what: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise NpuMoeError(f"{what} must be a finite number >= 0, got {value!r}; pass a non-negative number")
@@ -83,11 +88,8 @@ def expert_ffn_cost(n_experts_in_graph: int, capacity: int, hidden: int, interme
     gemm = (C, I, H): one expert's [C, H] x [H, I]. The G experts of a group share no operand, so the engine runs
     G separate GEMMs of that shape (batched in one graph), not one G-times larger GEMM.
     """
-    g = _check_count("n_experts_in_graph", n_experts_in_graph)
-    c = _check_count("capacity", capacity)
-    h = _check_count("hidden", hidden)
-    i = _check_count("intermediate", intermediate)
-    db = _check_count("dtype_bytes", dtype_bytes)
+    g, c, h, i, db = _counts(n_experts_in_graph=n_experts_in_graph, capacity=capacity, hidden=hidden,
+                             intermediate=intermediate, dtype_bytes=dtype_bytes)
     wb = _weight_size(weight_bytes, db)
     flops = 6.0 * g * c * h * i
     nbytes = 3.0 * g * h * i * wb + 2.0 * g * c * h * db
@@ -104,13 +106,9 @@ def attention_cost(chunk: int, past: int, hidden: int, n_heads: int, n_kv_heads:
     chunk (x dtype_bytes). gemm = the Q projection [chunk, hidden] x [hidden, n_heads*head_dim], the largest single
     GEMM (the per-head score GEMMs are head_dim deep).
     """
-    t = _check_count("chunk", chunk)
     p = _check_count("past", past, minimum=0)
-    h = _check_count("hidden", hidden)
-    nh = _check_count("n_heads", n_heads)
-    nkv = _check_count("n_kv_heads", n_kv_heads)
-    hd = _check_count("head_dim", head_dim)
-    db = _check_count("dtype_bytes", dtype_bytes)
+    t, h, nh, nkv, hd, db = _counts(chunk=chunk, hidden=hidden, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                                    head_dim=head_dim, dtype_bytes=dtype_bytes)
     wb = _weight_size(weight_bytes, db)
     if nh % nkv:
         raise NpuMoeError(f"n_heads={nh} is not a multiple of n_kv_heads={nkv}; pass the model's GQA head counts")
@@ -124,10 +122,7 @@ def attention_cost(chunk: int, past: int, hidden: int, n_heads: int, n_kv_heads:
 def dense_cost(rows: int, in_features: int, out_features: int, dtype_bytes: int = 2,
                name: str = "dense", weight_bytes: int | None = None) -> OpCost:
     """y[rows, out] = x[rows, in] @ W[in, out] (router, shared experts, lm head); gemm = (rows, out, in)."""
-    r = _check_count("rows", rows)
-    k = _check_count("in_features", in_features)
-    n = _check_count("out_features", out_features)
-    db = _check_count("dtype_bytes", dtype_bytes)
+    r, k, n, db = _counts(rows=rows, in_features=in_features, out_features=out_features, dtype_bytes=dtype_bytes)
     wb = _weight_size(weight_bytes, db)
     return OpCost(name, 2.0 * r * k * n, k * n * float(wb) + (r * k + r * n) * float(db), 1, (r, n, k))
 
