@@ -107,14 +107,16 @@ class PopularityRouting:
     calibration: dict                      # layer -> [E] shares the plan is calibrated on
     run: dict                              # layer -> [E] shares the prompt is routed by
     profile: CalibrationProfile | None = None    # a real profile: planned on its own counts at its own chunk
-    numerics: str = "none"
+    top_k: int = 1                               # experts per token (for the Gini before any run is sampled)
+    _gini: dict = field(default_factory=dict, repr=False)       # layer -> Gini of the last sampled run's counts
+    _profiles: dict = field(default_factory=dict, repr=False)   # (chunk, seed) -> sampled calibration profile
 
     def gini(self) -> float:
-        """Mean over layers of the Gini of the run's sampled per-expert counts (what the simulation sees)."""
-        return float(np.mean([self._gini[layer] for layer in sorted(self.run)]))
-
-    _gini: dict = field(default_factory=dict)
-    _profiles: dict = field(default_factory=dict)      # (chunk, seed) -> sampled calibration profile
+        """Mean over layers of the Gini of the run's sampled per-expert counts (what the simulation sees); before
+        any run is sampled, of a 4096-token sample of each layer."""
+        if not self._gini:
+            return float(np.mean([sampled_gini(p, self.top_k, seed=0) for p in self.run.values()])) if self.run else 0.0
+        return float(np.mean([self._gini[layer] for layer in sorted(self._gini)]))
 
     def chunks(self, specs, prompt_len: int, chunk: int, seed: int = 0):
         """[chunk index] -> {layer: (top_k_index [chunk, K], top_k_weights [chunk, K], norms [chunk])}."""
@@ -168,7 +170,6 @@ class RecordedRouting:
     records: list                          # [chunk] -> {layer: RoutingRecord}
     profile: CalibrationProfile
     label: str = "recorded"
-    numerics: str = "none"
 
     def chunks(self, specs, prompt_len: int, chunk: int, seed: int = 0):
         return [{layer: (r.topk_idx, r.topk_weight, r.hidden_norm) for layer, r in per.items()}
@@ -234,7 +235,7 @@ def synthetic(specs, gini: float | None = None, zipf: float | None = None, layer
         run[sp.layer] = base[np.argsort(drifted)]
     what = f"gini={gini:g} (zipf {s:.3f})" if gini is not None else f"zipf={s:g}"
     return PopularityRouting(f"synthetic:{what},layer_overlap={layer_overlap:g},workload_overlap="
-                             f"{workload_overlap:g},seed={seed}", calib, run)
+                             f"{workload_overlap:g},seed={seed}", calib, run, top_k=K)
 
 
 def from_profile(specs, path) -> PopularityRouting:
@@ -243,7 +244,7 @@ def from_profile(specs, path) -> PopularityRouting:
     shares = {s.layer: _shares(profile, s.layer) for s in specs}
     return PopularityRouting(f"profile:{Path(path).name} ({profile.meta.get('model')}, "
                              f"{profile.meta.get('workload')}, {profile.meta.get('n_tokens')} tokens)",
-                             shares, shares, profile=profile)
+                             shares, shares, profile=profile, top_k=specs[0].top_k)
 
 
 def stretched_tiny(specs, seed: int = 0) -> PopularityRouting:
@@ -258,7 +259,7 @@ def stretched_tiny(specs, seed: int = 0) -> PopularityRouting:
         curve = stretch(_shares(prof, tiny_layers[s.layer % len(tiny_layers)]), s.n_experts)
         shares[s.layer] = curve[np.argsort(rng.permutation(s.n_experts))]
     return PopularityRouting(f"tiny: npumoe-tiny calibrated popularity (mixed, 4096 tokens) stretched to "
-                             f"{specs[0].n_experts} experts", shares, shares)
+                             f"{specs[0].n_experts} experts", shares, shares, top_k=specs[0].top_k)
 
 
 def parse_routing(spec, specs, seed: int = 0):
