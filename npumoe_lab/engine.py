@@ -118,9 +118,10 @@ class PlanExecutor:
         if handle.layer not in self._weights:
             weights, wdtype = [], handle.weights.gate_up.dtype
             for gs in layout.groups:
-                w = handle.weights.select(gs.experts)
+                # selected only where a group holds its own stacked copy (a non-contiguous selection is a copy)
                 if gs.resident and self.npu_backend is not None:
-                    w = self.npu_backend.compile(handle.layer, gs.group_id, gs.capacity, w.contiguous())
+                    w = self.npu_backend.compile(handle.layer, gs.group_id, gs.capacity,
+                                                 handle.weights.select(gs.experts).contiguous())
                 elif gs.resident and self.npu_dtype not in (None, wdtype):
                     # the NPU's own precision, one bmm per group on the layer's copy prepared once per model
                     # (numerics.py: fp16 = fp32 GEMMs on fp16-rounded values where the CPU has no fp16 GEMM)
@@ -128,7 +129,7 @@ class PlanExecutor:
                 elif self._per_expert(handle.weights):
                     w = None                              # per expert on the layer's PackedExperts
                 else:   # in process: materialised once, bmm-friendly
-                    w = _bmm_weights(w)
+                    w = _bmm_weights(handle.weights.select(gs.experts))
                 weights.append(w)
             self._weights[handle.layer] = weights
         return layout, cold, self._weights[handle.layer]
