@@ -253,6 +253,8 @@ def register_cli(sub):
                    help="what runs resident groups on a measured platform (default: torch in process)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads for the run (default: torch's own choice); recorded per row")
+    p.add_argument("--dtype", default="auto",
+                   help="model dtype: auto (this CPU's fast dtype: bf16 with avx512_bf16/AMX, else fp32), fp32, bf16")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cli_run)
     q = sub.add_parser("platforms", help="list the platforms with their sources")
@@ -265,7 +267,7 @@ def _cli_run(a: argparse.Namespace) -> int:
                         prompt_len=a.prompt_len, chunk=a.chunk, plan=a.plan, repeats=a.repeats,
                         n_samples=a.samples, seed=a.seed, out=a.out, calib_workload=a.calib_workload,
                         calib_tokens=a.calib_tokens, timeline=a.timeline, npu_backend=a.npu_backend,
-                        threads=a.threads, **knobs)
+                        threads=a.threads, dtype=a.dtype, **knobs)
     cols = ["variant", "platform", "timing_source", "ttft_s", "energy_per_token_mj", "cpu_busy_s", "n_npu_calls",
             "drop_rate", "pad_rate", "score", "accuracy_delta"]
     with pd.option_context("display.width", 200, "display.max_columns", 20):
