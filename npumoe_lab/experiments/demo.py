@@ -128,7 +128,7 @@ def paper_scale_section(out: Path) -> tuple[str, list]:
 def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
     import yaml
 
-    from ..cpu_features import resolve_dtype
+    from ..cpu_features import resolve_dtype   # lazy like the imports around it: `--help` stays instant
     from ..models import load_model, model_fingerprint
     from ..plan import variant_plan
     from ..plots import make_all_figures, plot_baselines, save_figure

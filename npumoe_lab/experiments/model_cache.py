@@ -8,6 +8,7 @@ reused with it.
 from __future__ import annotations
 
 from ..cpu_features import resolve_dtype
+from ..experts import detach
 from ..models.loading import load_model, resolve_model_dir
 
 _CACHE: dict = {}
@@ -24,7 +25,6 @@ def _weights_stamp(model) -> tuple:
 def cached_load(name_or_path="tiny", dtype=None):
     """(model, tokenizer) as `load_model(name_or_path, dtype)` gives them (dtype None/"auto": this CPU's fast dtype),
     loaded once per process."""
-    from ..experts import detach
     path = resolve_model_dir(name_or_path)
     torch_dtype = resolve_dtype(dtype)
     key = (str(path.resolve()), torch_dtype)

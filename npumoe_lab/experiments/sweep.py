@@ -120,7 +120,7 @@ def run_cell(task: dict) -> dict:
         try:
             engine = {}
             if task.get("warm"):   # this worker's kernel: imports and loaded models carry over between cells
-                from .warm_kernel import ENGINE, warm_manager
+                from .warm_kernel import ENGINE, warm_manager   # lazy: registers a papermill engine
                 engine = dict(engine_name=ENGINE, km=warm_manager("python3", task["cwd"]))
             pm.execute_notebook(task["notebook"], str(cell_dir / "executed.ipynb"), kernel_name="python3",
                                 parameters={**task["params"], "out_dir": str(cell_dir)}, cwd=task["cwd"],
