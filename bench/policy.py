@@ -217,8 +217,12 @@ def _modeled_tiny(repeats: int) -> str:
     ts = time_interleaved({k: run(k) for k in ex}, repeats)
     nl.detach(model)
     te, tn = statistics.median(ts["emulated"]), statistics.median(ts["native"])
-    diff = float((out["emulated"].logits - out["native"].logits).abs().max())
+    d = (out["emulated"].logits - out["native"].logits).abs()
+    top1 = float((out["emulated"].logits.argmax(-1) == out["native"].logits.argmax(-1)).float().mean())
+    # a rounding flip of a near-tie routing or capacity decision moves a position's logits: count those
+    diff = (f"logits emulated vs native: max |diff| {float(d.max()):.2e}, mean {float(d.mean()):.1e}, "
+            f"{int((d.amax(-1) > 0.05).sum())} of {d.shape[1]} positions above 0.05, top-1 agreement {top1:.4f}")
     same = out["emulated"].summary["ttft_s"] == out["native"].summary["ttft_s"]
     return (f"Modeled prefill (m2-max, npumoe-tg plan, bundled tiny model fp32, 512 tokens, chunk 128; host wall time "
             f"measured, median of {repeats}): native fp16 groups {tn:.2f} s, emulated {te:.2f} s: **{tn / te:.1f}x**; "
-            f"max |logit diff| {diff:.2e}; modeled TTFT identical: {same}.")
+            f"{diff}; modeled TTFT identical: {same}.")
