@@ -33,7 +33,7 @@ repeats = 1
 calib_workload = "mixed"
 calib_tokens = 8192
 seed = 0
-dtype = "auto"                  # the model's dtype: "auto" = this CPU's fast dtype (bf16 with avx512_bf16/AMX, else fp32)
+dtype = "auto"                  # model dtype: "auto" (the fast dtype of this CPU), "fp32" or "bf16"
 out_dir = None
 
 # %%
