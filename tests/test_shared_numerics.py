@@ -32,7 +32,7 @@ def test_remodelled_timeline_equals_a_modeled_forward(attached):
     measured = run_prefill(model, ids, PrefillConfig("cpu", 16, attention="npu"))
     modeled_cfg = PrefillConfig("m2-max", 16, attention="npu")
     own = run_prefill(model, ids, modeled_cfg)
-    src = Numerics("cpu", measured.events, measured.stats, measured.wall_s, {}, {})
+    src = Numerics("cpu", measured.ops, measured.stats, measured.wall_s, {}, {})
     derived = remodel(src, modeled_cfg, ModelGeometry.from_config(model.config), n_tokens=50)
     nl.detach(model)
     assert [e.name for e in derived.events] == [e.name for e in own.events]

@@ -140,7 +140,7 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
         else:
             res = run_prefill(model_obj, ids, ref_config, measure_hf_experts=True)
         refs.append((res.logits, score(s, res)))
-        ref_numerics.append(Numerics(ref_plat.name if ref_plat else None, res.events, res.stats, res.wall_s,
+        ref_numerics.append(Numerics(ref_plat.name if ref_plat else None, res.ops, res.stats, res.wall_s,
                                      refs[-1][1], logit_agreement(res.logits, res.logits)))
     rows, tl_frames = [], []
     prov = provenance()
@@ -181,7 +181,7 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
                             sc, agree = prior[i].score, prior[i].agreement
                         else:
                             sc, agree = score(s, res), logit_agreement(refs[i][0], res.logits)
-                        mine.append(Numerics(plat.name, res.events, res.stats, res.wall_s, sc, agree))
+                        mine.append(Numerics(plat.name, res.ops, res.stats, res.wall_s, sc, agree))
                         acc.append(dict(score=sc["score"], ref_score=refs[i][1]["score"], nll=sc.get("nll"),
                                         **agree))
                     bar.update(1)
