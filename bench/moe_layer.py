@@ -22,7 +22,8 @@ Roofline = max(useful FLOPs / measured dense GEMM peak, weights of the experts t
 useful FLOPs = 6*H*I per routed assignment. Timings are medians over interleaved repeats (variants rotate each
 repeat so machine noise hits them alike). `--only calib|prefill` runs bench/prefill.py's parts.
 
-    .venv/bin/python bench/moe_layer.py          # acceptance set: qwen3 geometry, bf16, chunks 512 2048, calib, prefill
+    .venv/bin/python bench/moe_layer.py          # acceptance set: qwen3 geometry, the CPU's fast dtype, chunks 512 2048,
+                                                 # calib, prefill, policy (bench/policy.py: issue 17)
     .venv/bin/python bench/moe_layer.py --geometry all --dtypes fp32,bf16 --chunks 256,512,1024,4096
 """
 from __future__ import annotations

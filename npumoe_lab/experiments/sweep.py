@@ -100,6 +100,9 @@ def run_sweep(yaml_path, out_dir, workers: int = 1, executor: str = "local", sch
             getattr(report, outcome.status).append(outcome)  # done | skipped | failed
             bar.update(1)
             bar.set_postfix(failed=len(report.failed))
+    if any(t["warm"] for t in tasks) and workers == 1:   # this process's warm kernel: done with this sweep
+        from .warm_kernel import shutdown   # lazy: registers a papermill engine
+        shutdown()
     return report
 
 
