@@ -22,7 +22,8 @@ Roofline = max(useful FLOPs / measured dense GEMM peak, weights of the experts t
 useful FLOPs = 6*H*I per routed assignment. Timings are medians over interleaved repeats (variants rotate each
 repeat so machine noise hits them alike). `--only calib|prefill` runs bench/prefill.py's parts.
 
-    .venv/bin/python bench/moe_layer.py          # acceptance set: qwen3 geometry, bf16, chunks 512 2048, calib, prefill
+    .venv/bin/python bench/moe_layer.py          # acceptance set: qwen3 geometry, the CPU's fast dtype, chunks 512 2048,
+                                                 # calib, prefill, policy (bench/policy.py: issue 17)
     .venv/bin/python bench/moe_layer.py --geometry all --dtypes fp32,bf16 --chunks 256,512,1024,4096
 """
 from __future__ import annotations
@@ -364,10 +365,11 @@ def provenance(threads) -> str:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="all", help="comma list of layer, calib, prefill, or 'all'")
+    p.add_argument("--only", default="all", help="comma list of layer, calib, prefill, policy, or 'all'")
     p.add_argument("--geometry", default="qwen3-30b-a3b", help=f"comma list of {list(GEOMETRIES)} or 'all'")
     p.add_argument("--chunks", default="512,2048", help="tokens per chunk (comma list)")
-    p.add_argument("--dtypes", default="bf16", help="comma list of bf16, fp32")
+    p.add_argument("--dtypes", default="auto",
+                   help="comma list of bf16, fp32, or auto: this CPU's fast dtype (bf16 with avx512_bf16/AMX, else fp32)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--variants", default="", help="subset of layer variants (HF ones always run)")
@@ -391,8 +393,12 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    only = {"layer", "calib", "prefill"} if args.only == "all" else set(args.only.split(","))
-    report = [f"# npumoe-lab CPU benchmark: {provenance(args.threads)}", ""]
+    from npumoe_lab.cpu_features import dtype_name, fast_dtype
+    args.dtypes = ",".join(dtype_name(fast_dtype()) if d == "auto" else d for d in args.dtypes.split(","))
+    only = {"layer", "calib", "prefill", "policy"} if args.only == "all" else set(args.only.split(","))
+    import policy
+    report = [f"# npumoe-lab CPU benchmark: {provenance(args.threads)}", "",
+              policy.cpu_line(DTYPES[args.dtypes.split(",")[0]]), ""]
     if "layer" in only:
         geoms = [g for g in GEOMETRIES if g != "smoke"] if args.geometry == "all" else args.geometry.split(",")
         dtypes = args.dtypes.split(",")
@@ -418,6 +424,14 @@ def main(argv=None):
             report += ["", prefill.calibration_overhead(args.repeats)]
         if "prefill" in only:
             report += ["", prefill.prefill_tokens_per_s(args)]
+    if "policy" in only:     # issue 17: attach cost, 2-layer chunked prefill, fp16 emulation (policy.py)
+        dtype = DTYPES[args.dtypes.split(",")[0]]
+        model, tok, plans = policy.two_layer_setup(dtype)
+        report += ["", policy.attach_cost(model, plans),
+                   "", policy.chunked_prefill(model, tok, plans[0], [int(p) for p in args.prompts.split(",")],
+                                              args.repeats)]
+        del model
+        report += ["", policy.fp16_groups(dtype, min(args.repeats, 3))]
     text = "\n".join(report)
     print(text)
     if args.out:

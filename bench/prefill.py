@@ -147,12 +147,14 @@ def prefill_tokens_per_s(args) -> str:
     from moe_layer import measure_peaks
     from npumoe_lab.experts import dropless_executor, set_executor
     ALL_EXPERTS_FUNCTIONS.register("bench_skip_experts", _skip_experts)
-    model = _big_model(args.prefill_layers, torch.bfloat16)
-    peak = measure_peaks(torch.bfloat16)[0]
+    from moe_layer import DTYPES
+    dtype = DTYPES[args.dtypes.split(",")[0]]          # the run's dtype (by default this CPU's fast dtype)
+    model = _big_model(args.prefill_layers, dtype)
+    peak = measure_peaks(dtype)[0]
     bounds = []
     lines = [f"Whole-model prefill: {args.prefill_layers}-layer Qwen3-MoE at Qwen3-30B-A3B geometry (hidden 2048, "
              "128 experts top-8, moe_intermediate 768, 32/4 heads x 128; vocab 4096, HF init, sdpa attention), "
-             "bf16, one forward per prompt of random token ids, logits of the last token only; tokens/s = prompt / "
+             f"{args.dtypes.split(',')[0]}, one forward per prompt of random token ids, logits of the last token only; tokens/s = prompt / "
              "median forward time. `calibrated`: 3-tier plan from 12 other prompts; `fitted`: 3 tiers fitted to "
              "this prompt's own routing (an oracle plan: what calibration gives when the routing distribution is "
              "stable); `static graphs`: every static slot computed (pad_rows='compute'); `CPU`: filled rows only "

@@ -33,6 +33,7 @@ repeats = 1
 calib_workload = "mixed"
 calib_tokens = 8192
 seed = 0
+dtype = "auto"                  # model dtype: "auto" (the fast dtype of this CPU), "fp32" or "bf16"
 out_dir = None
 
 # %%
@@ -41,7 +42,7 @@ from npumoe_lab.experiments import notebook_helpers as nb
 from npumoe_lab.experiments.runner import ablation_report, run_experiment
 from npumoe_lab.plots import plot_ablation, plot_baselines
 
-df = run_experiment(model=nb.load(model), model_name=nb.model_label(model), workload=workload,
+df = run_experiment(model=nb.load(model, dtype), model_name=nb.model_label(model), workload=workload,
                     variants=variants, platforms=platforms, prompt_len=prompt_len, chunk=chunk,
                     n_samples=n_samples, repeats=repeats, calib_workload=calib_workload,
                     calib_tokens=calib_tokens, seed=seed, out=out_dir)

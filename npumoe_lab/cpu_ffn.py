@@ -63,9 +63,9 @@ def resolve_kernel(kernel: str, dtype: torch.dtype, device="cpu", elems: int | N
 
 class PackedExperts:
     """The experts of one layer, each matrix in F.linear orientation ([N, K]), packed for oneDNN when `kernel`
-    allows. An expert is packed the first time it runs, so memory grows to one packed copy of the experts that
-    were ever routed to (none for kernel="torch"). Packed weights are a snapshot, like a compiled graph's:
-    re-attach after changing the model's weights."""
+    allows: an expert the first time it runs, or all of them with `pack_all` (what `attach` does). Packed weights
+    are a snapshot, like a compiled graph's; the engine keeps one per model and weight version on the experts
+    module (weight_cache.py), so re-attaching after changing the model's weights packs them again."""
 
     def __init__(self, weights: ExpertWeights, kernel: str = "auto"):
         self.w = weights
@@ -83,6 +83,12 @@ class PackedExperts:
                 pk = torch.ops.mkldnn._reorder_linear_weight
                 self._packed[e] = (pk(self._gu[e].contiguous(), 128), pk(self._dn[e].contiguous(), 128))
         return self._packed[e]
+
+    def pack_all(self) -> None:
+        """Pack every expert now (attach does this once per model and weight version)."""
+        if self._packed is not None:
+            for e in range(self.w.n_experts):
+                self._pack(e)
 
     def _linear(self, x, e, which, packed):
         bias = self.w.b_gate_up if which == 0 else self.w.b_down

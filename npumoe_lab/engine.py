@@ -19,10 +19,13 @@ from .cpu_ffn import PackedExperts, resolve_kernel
 from .devices.cost import expert_ffn_cost, memory_cost
 from .errors import NpuMoeError
 from .layout import ExecutionLayout
+from .numerics import EmulatedFp16Weights, emulated_group_ffn, npu_layer_weights
+from .numerics import select as select_npu
 from .ops import ChunkContext, Op, current_chunk
 from .packing import (Layout, Workspace, group_ffn, group_ffn_into, pack,
                       plan_dispatch, run_groups, scatter)
 from .saliency import SALIENCY_RULES, saliency_scores
+from .weight_cache import prepared
 
 COLD_MODES = ("dynamic", "static")
 PAD_MODES = ("auto", "compute", "skip")
@@ -115,15 +118,18 @@ class PlanExecutor:
         if handle.layer not in self._weights:
             weights, wdtype = [], handle.weights.gate_up.dtype
             for gs in layout.groups:
-                w = handle.weights.select(gs.experts)
+                # selected only where a group holds its own stacked copy (a non-contiguous selection is a copy)
                 if gs.resident and self.npu_backend is not None:
-                    w = self.npu_backend.compile(handle.layer, gs.group_id, gs.capacity, w.contiguous())
+                    w = self.npu_backend.compile(handle.layer, gs.group_id, gs.capacity,
+                                                 handle.weights.select(gs.experts).contiguous())
                 elif gs.resident and self.npu_dtype not in (None, wdtype):
-                    w = _bmm_weights(w, self.npu_dtype)   # the NPU's own precision: one bmm per group, cast copy
+                    # the NPU's own precision, one bmm per group on the layer's copy prepared once per model
+                    # (numerics.py: fp16 = fp32 GEMMs on fp16-rounded values where the CPU has no fp16 GEMM)
+                    w = select_npu(npu_layer_weights(handle.module, handle.weights, self.npu_dtype), gs.experts)
                 elif self._per_expert(handle.weights):
                     w = None                              # per expert on the layer's PackedExperts
                 else:   # in process: materialised once, bmm-friendly
-                    w = _bmm_weights(w)
+                    w = _bmm_weights(handle.weights.select(gs.experts))
                 weights.append(w)
             self._weights[handle.layer] = weights
         return layout, cold, self._weights[handle.layer]
@@ -143,9 +149,20 @@ class PlanExecutor:
         return other
 
     def packed_experts(self, handle) -> PackedExperts:
-        if handle.layer not in self._experts:
-            self._experts[handle.layer] = PackedExperts(handle.weights, self.cpu_kernel)
+        if handle.layer not in self._experts:   # packed once per model and weight version (weight_cache.py)
+            w = handle.weights
+            kernel = resolve_kernel(self.cpu_kernel, w.gate_up.dtype, w.gate_up.device, w.hidden * w.intermediate)
+            self._experts[handle.layer] = prepared(handle.module, ("packed", kernel),
+                                                   lambda: PackedExperts(w, kernel))
         return self._experts[handle.layer]
+
+    def prepare(self) -> "PlanExecutor":
+        """Build every layer's group weights and pack every expert now (attach calls this), not at the first call."""
+        for handle in self.handles:
+            self._compiled(handle)
+            if self._per_expert(handle.weights):
+                self.packed_experts(handle).pack_all()
+        return self
 
     def _skip_padding(self, ctx: ChunkContext) -> bool:
         if self.pad_rows == "auto":
@@ -307,6 +324,8 @@ def _bmm_weights(w, dtype=None):
 
 def _run_group(x, w, out=None, work=None):
     """One static group; with `out` ([G, C, H] slice of the packed output) the result is written in place."""
+    if isinstance(w, EmulatedFp16Weights):
+        return emulated_group_ffn(x, w, out)
     if w.gate_up.dtype != x.dtype:    # the NPU computes in its own precision (fp16 on the ANE)
         y = group_ffn(x.to(w.gate_up.dtype), w).to(x.dtype)
         return y if out is None else out.copy_(y)

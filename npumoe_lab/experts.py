@@ -84,7 +84,9 @@ def attach(model, plan=None, **options):
         layout = as_layout(plan)
         if layout.model_fingerprint is not None:
             layout.check_model(model_fingerprint(model))
-        attachment.executor = PlanExecutor(layout, handles, **options)
+        # group weights built and experts packed now, from what was prepared once per model and weight version
+        # (weight_cache.py): a later attach with any plan or options reuses it
+        attachment.executor = PlanExecutor(layout, handles, **options).prepare()
     for h in handles:
         h.module._npumoe_handle = h
         h.module._npumoe_attachment = attachment

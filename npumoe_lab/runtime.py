@@ -136,6 +136,7 @@ class PrefillResult:
     stats: list                   # (chunk, layer, LayerStats)
     wall_s: float                 # measured wall time of the whole prefill on this host
     summary: dict = field(default_factory=dict)
+    ops: list = field(default_factory=list)   # the clock's (Op, deps, wall) records: the timeline before pricing
 
 
 def drop_pad_rates(stats) -> tuple[float, float]:
@@ -213,7 +214,7 @@ def chunked_prefill(model, input_ids: torch.Tensor, chunk: int, clock=None, meas
             hooks.remove()
     wall = time.perf_counter() - t_start
     return PrefillResult(torch.cat(logits, 1) if keep_logits else None, cache, getattr(clock, "events", []),
-                         getattr(clock, "stats", []), wall)
+                         getattr(clock, "stats", []), wall, ops=getattr(clock, "ops", []))
 
 
 def _record_rest(clock, geometry: ModelGeometry, ctx: ChunkContext, chunk_wall: float, first_event: int,

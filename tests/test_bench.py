@@ -45,3 +45,21 @@ def test_gpu_check_dry_run_on_cpu(capsys):
     gpu_check.main(["--dry-run", "--geometry", "smoke", "--chunks", "64", "--repeats", "1", "--calib-chunks", "4"])
     out = capsys.readouterr().out
     assert "static-graphs" in out and "graphs-only" in out
+
+
+@torch.no_grad()
+def test_policy_parts_smoke(monkeypatch):
+    """issue 17's bench parts on a small model: attach cost, chunked prefill rows, fp16 groups within tolerance."""
+    import re
+
+    import policy
+    torch.set_num_threads(1)
+    monkeypatch.setenv("NPUMOE_NO_PROGRESS", "1")
+    model, tok, plans = policy.two_layer_setup(torch.float32, chunk=64, tokens=256, smoke=True)
+    assert "of the first" in policy.attach_cost(model, plans, repeats=1)
+    table = policy.chunked_prefill(model, tok, plans[0], [128], repeats=1, chunk=64)
+    assert table.count("| 128 |") == 4
+    line = policy.fp16_groups(torch.float32, repeats=1, G=4, C=8, geometry="smoke", tiny=False)
+    errs = [float(e) for e in re.findall(r"(?:emulated|native) ([0-9.]+e-[0-9]+)", line)]
+    assert len(errs) == 2 and max(errs) <= 2 ** -10, line
+    assert "fp16" in policy.cpu_line(torch.float32)

@@ -128,6 +128,7 @@ def paper_scale_section(out: Path) -> tuple[str, list]:
 def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
     import yaml
 
+    from ..cpu_features import resolve_dtype   # lazy like the imports around it: `--help` stays instant
     from ..models import load_model, model_fingerprint
     from ..plan import variant_plan
     from ..plots import make_all_figures, plot_baselines, save_figure
@@ -146,7 +147,8 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
     p = spec.parameters
     chunks = spec.grid.get("chunk", [p.get("chunk", 256)])
     model_name = p.get("model", "tiny")
-    model, tok = load_model(model_name)
+    # the cells' dtype (05_baselines: nb.load(model, dtype)), so their calibration and plans are these
+    model, tok = load_model(model_name, dtype=resolve_dtype(p.get("dtype", "auto")))
     print(f"[demo] calibrating {model_name} ({p.get('calib_workload', 'mixed')}, "
           f"{p.get('calib_tokens', 8192)} tokens) and building plans ...", flush=True)
     saved_plans = {}

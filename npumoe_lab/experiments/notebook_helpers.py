@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import NpuMoeError
+from .model_cache import cached_load
 
 
 def model_label(model) -> str:
@@ -15,10 +16,11 @@ def model_label(model) -> str:
     return "tiny" if str(model) == "tiny" else Path(str(model)).name
 
 
-def load(model="tiny"):
-    """(model, tokenizer) with a tokenizer: every notebook needs text in, so a checkpoint without one is an error."""
-    from ..models import load_model
-    m, tok = load_model(model)
+def load(model="tiny", dtype=None):
+    """(model, tokenizer) with a tokenizer: every notebook needs text in, so a checkpoint without one is an error.
+    Loaded once per process and dtype (model_cache.py: a warm sweep kernel reuses it across cells); dtype None =
+    fp32, "auto" = this CPU's fast dtype (cpu_features.py)."""
+    m, tok = cached_load(model, "fp32" if dtype is None else dtype)
     if tok is None:
         raise NpuMoeError(f"model {model!r} has no tokenizer files; the notebooks need a checkpoint with a "
                           "tokenizer (the bundled 'tiny' model has one)")

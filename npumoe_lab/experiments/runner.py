@@ -14,12 +14,15 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from ..cpu_features import resolve_dtype, row_fields
 from ..errors import NpuMoeError
+from ..geometry import ModelGeometry
 from ..utils import progress, provenance, with_torch_threads
 from ..knobs import PlanKnobs, add_knob_arguments, knobs_from_args
 from ..layout import ExecutionLayout
 from ..runtime import PrefillConfig, check_context, chunked_prefill, run_prefill
 from ..variants import ABLATION, PAPER_ABLATION_SPEEDUP, parse_variants
+from .shared_numerics import Numerics, numerics_key, remodel
 
 PLAN_KNOBS = PlanKnobs.names()      # every build_plan knob is a run knob (and a sweep key of the notebooks)
 
@@ -38,6 +41,14 @@ def calibration_profile(model, tokenizer, workload: str, chunk: int, tokens: int
     profile = calibrate(model, tokenizer, workload=workload, chunk=chunk, tokens=tokens, seed=seed)
     profile.save(d)
     return profile
+
+
+def check_model_dtype(model, dtype) -> None:
+    """A loaded model runs in its own dtype: asking for another one is an error, not a silent cast."""
+    have = next(model.parameters()).dtype
+    if dtype not in (None, "auto") and resolve_dtype(dtype) != have:
+        raise NpuMoeError(f"dtype={dtype!r} asked, but the given model is {have}; load it with "
+                          f"load_model(..., dtype={dtype!r}) or pass the model by name")
 
 
 def _attach_variant(model, variant, specs, profile, config: PrefillConfig, knobs, plan, npu_backend=None):
@@ -64,9 +75,12 @@ def _attach_variant(model, variant, specs, profile, config: PrefillConfig, knobs
 def run_experiment(model="tiny", workload="ruler-multikey", variants="all", platforms="cpu,m2-max",
                    prompt_len=1024, chunk=256, plan=None, repeats=1, n_samples=4, seed=0, out=None,
                    calib_workload="mixed", calib_tokens=8192, timeline=False, model_name=None, warmup=1,
-                   npu_backend=None, **plan_knobs) -> pd.DataFrame:
+                   npu_backend=None, dtype=None, share_numerics=True, **plan_knobs) -> pd.DataFrame:
     """Run every (variant, platform) on the workload's samples; returns (and writes to `out`) result rows.
-    `threads=N` sets torch's intra-op threads for the run (rows record `torch_threads` either way)."""
+    `threads=N` sets torch's intra-op threads for the run (rows record `torch_threads` either way). `dtype`: the
+    model's dtype when loaded by name (None/"auto": this CPU's fast dtype, cpu_features.py); rows record it with
+    the CPU's flags. A modeled platform reuses the forward of a run with the same numerics (shared_numerics.py;
+    `share_numerics=False`: every row from its own forward)."""
     from .. import detach
     from ..devices import get_platform
     from ..metrics import bootstrap_ci, logit_agreement
@@ -83,9 +97,11 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
     if isinstance(model, tuple):
         model_obj, tok = model
         name = model_name or getattr(model_obj.config, "_name_or_path", "model")
+        check_model_dtype(model_obj, dtype)
     else:
-        model_obj, tok = load_model(model)
+        model_obj, tok = load_model(model, dtype=resolve_dtype(dtype))
         name = model_name or str(model)
+    numerics_fields = row_fields(next(model_obj.parameters()).dtype)   # dtype, cpu_flags, cpu_model
     check_context(getattr(model_obj.config, "max_position_embeddings", None), prompt_len, "--prompt-len")
     wl = get_workload(workload)
     samples = wl.samples(tok, prompt_len, n_samples, seed)
@@ -112,13 +128,25 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
     # the reference: HF's own experts, unchunked numerics aside from the chunking itself
     detach(model_obj)
     model_obj.set_experts_implementation("eager")
-    refs = []
+    # timed on a modeled platform when the reference variant is asked for: its rows there reuse this forward
+    ref_v = next((v for v in vlist if v.name == "reference"), None)
+    ref_plat = next((p for p in plats if p.kind != "measured"), None) if ref_v else None
+    ref_config = PrefillConfig(ref_plat, chunk, attention=ref_v.attention, pad_token_id=pad_id) if ref_plat else None
+    refs, ref_numerics = [], []
     for s in progress(samples, desc="reference", leave=False):
         ids = torch.tensor([s.input_ids])
-        res = chunked_prefill(model_obj, ids, chunk, pad_token_id=pad_id)
+        if ref_config is None:
+            res = chunked_prefill(model_obj, ids, chunk, pad_token_id=pad_id)
+        else:
+            res = run_prefill(model_obj, ids, ref_config, measure_hf_experts=True)
         refs.append((res.logits, score(s, res)))
+        ref_numerics.append(Numerics(ref_plat.name if ref_plat else None, res.ops, res.stats, res.wall_s,
+                                     refs[-1][1], logit_agreement(res.logits, res.logits)))
     rows, tl_frames = [], []
     prov = provenance()
+    geometry, shared = ModelGeometry.from_config(model_obj.config), {}   # numerics key -> per sample Numerics
+    if ref_config is not None:
+        shared[numerics_key(ref_v, None, ref_config)] = ref_numerics
     bar = progress(total=len(vlist) * len(plats) * len(samples) * repeats, desc=f"run {workload}")
     for plat in plats:
         for v in vlist:
@@ -127,24 +155,37 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
                                   f"(e.g. cpu), not the modeled {plat.name!r}")
             config = PrefillConfig(plat, chunk, attention=v.attention, pad_token_id=pad_id)
             used = _attach_variant(model_obj, v, specs, profile, config, plan_knobs, plan, npu_backend)
-            for _ in range(warmup):      # untimed: first calls pay allocator/thread-pool start-up on this host
-                chunked_prefill(model_obj, torch.tensor([samples[0].input_ids]), chunk, pad_token_id=pad_id)
+            key = numerics_key(v, used, config)
+            prior, mine = shared.get(key) if share_numerics else None, []
+            if config.measured:   # untimed: first calls pay allocator/thread-pool start-up (one static chunk)
+                for _ in range(warmup):
+                    chunked_prefill(model_obj, torch.tensor([samples[0].input_ids[:chunk]]), chunk,
+                                    pad_token_id=pad_id)
             per_rep = [[] for _ in range(repeats)]
             acc = []
             for i, s in enumerate(samples):
                 ids = torch.tensor([s.input_ids])
                 for r in range(repeats):
-                    res = run_prefill(model_obj, ids, config, measure_hf_experts=v.experts == "hf")
+                    if share_numerics and not config.measured and (prior or r > 0):   # numerics ran already
+                        src = prior[i] if prior else mine[i]
+                        res = remodel(src, config, geometry, n_tokens=len(s.input_ids))
+                        res.summary["numerics_from"] = src.platform
+                    else:
+                        res = run_prefill(model_obj, ids, config, measure_hf_experts=v.experts == "hf")
                     per_rep[r].append(res.summary)
                     if timeline and r == 0:
                         tl = to_frame(res.events).assign(variant=v.name, platform=plat.name, sample=i)
                         tl_frames.append(tl)
                     if r == 0:
-                        sc = score(s, res)
-                        agree = logit_agreement(refs[i][0], res.logits)
+                        if prior:
+                            sc, agree = prior[i].score, prior[i].agreement
+                        else:
+                            sc, agree = score(s, res), logit_agreement(refs[i][0], res.logits)
+                        mine.append(Numerics(plat.name, res.ops, res.stats, res.wall_s, sc, agree))
                         acc.append(dict(score=sc["score"], ref_score=refs[i][1]["score"], nll=sc.get("nll"),
                                         **agree))
                     bar.update(1)
+            shared.setdefault(key, mine)
             deltas = [a["score"] - a["ref_score"] for a in acc]
             d_mean, d_lo, d_hi = bootstrap_ci(deltas, seed=seed)
             accdf = pd.DataFrame(acc)
@@ -159,7 +200,7 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
                            platform_profile=plat.name, platform_hash=plat.hash, platform_kind=plat.kind,
                            model_fingerprint=fingerprint, plan_hash=getattr(used, "hash", None),
                            npu_backend=(npu_backend or "torch") if v.experts == "plan" else None,
-                           torch_threads=torch.get_num_threads(),
+                           torch_threads=torch.get_num_threads(), **numerics_fields,
                            created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **prov)
                 for k in plan_knobs:            # swept knobs become columns (the figures read them)
                     row["n_tiers" if k == "tiers" else k] = plan_knobs[k]
@@ -212,6 +253,8 @@ def register_cli(sub):
                    help="what runs resident groups on a measured platform (default: torch in process)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads for the run (default: torch's own choice); recorded per row")
+    p.add_argument("--dtype", default="auto",
+                   help="model dtype: auto (this CPU's fast dtype: bf16 with avx512_bf16/AMX, else fp32), fp32, bf16")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cli_run)
     q = sub.add_parser("platforms", help="list the platforms with their sources")
@@ -224,7 +267,7 @@ def _cli_run(a: argparse.Namespace) -> int:
                         prompt_len=a.prompt_len, chunk=a.chunk, plan=a.plan, repeats=a.repeats,
                         n_samples=a.samples, seed=a.seed, out=a.out, calib_workload=a.calib_workload,
                         calib_tokens=a.calib_tokens, timeline=a.timeline, npu_backend=a.npu_backend,
-                        threads=a.threads, **knobs)
+                        threads=a.threads, dtype=a.dtype, **knobs)
     cols = ["variant", "platform", "timing_source", "ttft_s", "energy_per_token_mj", "cpu_busy_s", "n_npu_calls",
             "drop_rate", "pad_rate", "score", "accuracy_delta"]
     with pd.option_context("display.width", 200, "display.max_columns", 20):

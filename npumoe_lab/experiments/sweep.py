@@ -63,8 +63,10 @@ class SweepReport:
         return "\n".join(lines)
 
 
-def run_sweep(yaml_path, out_dir, workers: int = 1, executor: str = "local", scheduler: str | None = None):
-    """Run every cell of the sweep that has no DONE.json; return a SweepReport (failed cells do not raise)."""
+def run_sweep(yaml_path, out_dir, workers: int = 1, executor: str = "local", scheduler: str | None = None,
+              warm: bool = True):
+    """Run every cell of the sweep that has no DONE.json; return a SweepReport (failed cells do not raise).
+    `warm`: local workers run their cells in one kernel each (warm_kernel.py) instead of a fresh one per cell."""
     if executor not in EXECUTORS:
         raise NpuMoeError(f"unknown executor {executor!r}; use one of {', '.join(EXECUTORS)}")
     if not isinstance(workers, int) or workers < 1:
@@ -86,7 +88,7 @@ def run_sweep(yaml_path, out_dir, workers: int = 1, executor: str = "local", sch
             report.skipped.append(CellOutcome(key, params, cell_dir, "skipped"))
         else:
             tasks.append({"key": key, "params": params, "cell_dir": str(cell_dir), "notebook": str(notebook),
-                          "cwd": str(spec.notebook.parent)})
+                          "cwd": str(spec.notebook.parent), "warm": warm and executor == "local"})
     if executor == "dask":
         from .dask_executor import dask_map as run_all
     else:
@@ -98,6 +100,9 @@ def run_sweep(yaml_path, out_dir, workers: int = 1, executor: str = "local", sch
             getattr(report, outcome.status).append(outcome)  # done | skipped | failed
             bar.update(1)
             bar.set_postfix(failed=len(report.failed))
+    if any(t["warm"] for t in tasks) and workers == 1:   # this process's warm kernel: done with this sweep
+        from .warm_kernel import shutdown   # lazy: registers a papermill engine
+        shutdown()
     return report
 
 
@@ -116,9 +121,13 @@ def run_cell(task: dict) -> dict:
         info = {"cell": task["key"], "params": task["params"], "notebook": task["notebook"],
                 "host": socket.gethostname(), "started": _iso(started)}
         try:
+            engine = {}
+            if task.get("warm"):   # this worker's kernel: imports and loaded models carry over between cells
+                from .warm_kernel import ENGINE, warm_manager   # lazy: registers a papermill engine
+                engine = dict(engine_name=ENGINE, km=warm_manager("python3", task["cwd"]))
             pm.execute_notebook(task["notebook"], str(cell_dir / "executed.ipynb"), kernel_name="python3",
                                 parameters={**task["params"], "out_dir": str(cell_dir)}, cwd=task["cwd"],
-                                progress_bar=False)
+                                progress_bar=False, **engine)
         except Exception as exc:  # noqa: BLE001 - a failed cell must not stop the sweep
             error, trace = _describe(exc)
             write_json(cell_dir / FAILED, {**info, "error": error, "traceback": trace,
@@ -227,11 +236,13 @@ def register_cli(subparsers) -> None:
     p.add_argument("--executor", choices=EXECUTORS, default="local",
                    help="local process pool, or Dask distributed (a LocalCluster unless --scheduler)")
     p.add_argument("--scheduler", default=None, help="address of a running Dask scheduler (tcp://host:8786)")
+    p.add_argument("--fresh-kernels", action="store_true",
+                   help="a new kernel per cell (default for local workers: one warm kernel each, reused)")
     p.set_defaults(func=_cli)
 
 
 def _cli(args) -> int:
     report = run_sweep(args.sweep, args.out, workers=args.workers, executor=args.executor,
-                       scheduler=args.scheduler)
+                       scheduler=args.scheduler, warm=not args.fresh_kernels)
     print(report.summary())
     return 0 if report.ok else 1

@@ -1,0 +1,58 @@
+"""One forward per numerics: a modeled platform's timeline priced from the op records of a run with the same numerics.
+
+A modeled platform runs the real forward only for its numerics (logits, scores, drop counts); its time comes from
+each op's cost, which every TimelineClock records before pricing it (`clock.ops`, `PrefillResult.ops`). So when a
+variant computes the same numbers on two platforms - HF's experts and the dynamic dropless path never depend on the
+platform; plan variants do when plan, NPU precision and padding mode are the same - the second platform's timeline
+is priced from the first run's op records (`remodel`, as `TimelineClock.repriced` does for a simulation) and its
+scores are reused, instead of a second forward. A measured platform always runs its own forward (its time is the
+forward's), but reuses the scores.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..clock import TimelineClock
+from ..geometry import ModelGeometry
+from ..ops import ChunkContext
+from ..runtime import PrefillConfig, PrefillResult, finish
+
+
+def numerics_key(variant, plan, config: PrefillConfig) -> tuple:
+    """What decides a variant's numbers (and its ops' costs) on a platform: equal keys, equal logits and ops."""
+    costs = (config.dtype_bytes, config.npu_weight_bytes)       # element sizes the recorded op costs used
+    if variant.experts in ("hf", "dynamic"):          # no NPU precision, no static shapes: platform-independent
+        return (variant.name, variant.attention) + costs
+    # plan variants: the plan, the NPU's precision, and the padding mode (computed only when measured)
+    return (variant.name, getattr(plan, "hash", None), str(config.npu_dtype), config.measured, variant.spill) + costs
+
+
+@dataclass
+class Numerics:
+    """What one forward produced, per sample: its op records and its scores (reused by equal-numerics runs)."""
+    platform: str         # the platform whose run computed them
+    ops: list             # (Op, deps, wall) as its clock recorded them
+    stats: list           # (chunk, layer, LayerStats)
+    wall_s: float
+    score: dict
+    agreement: dict
+
+
+def remodel(source: Numerics, config: PrefillConfig, geometry: ModelGeometry, n_tokens: int) -> PrefillResult:
+    """The timeline `config`'s modeled platform gives the ops of `source` (no forward): each op priced by the
+    platform's device model; the rest of each chunk, which a measured run records as leftover wall time, costed as
+    a modeled run costs it (geometry.rest_op). Scheduled and summarised like any prefill (runtime.finish)."""
+    clock = TimelineClock(config.platform, measured=False, stats=source.stats)
+    last = max((op.chunk for op, _, _ in source.ops), default=0)
+    for op, deps, wall in source.ops:
+        if op.kind == "other":
+            ctx = ChunkContext(index=op.chunk, past=0, n_real=config.chunk, length=config.chunk, clock=clock,
+                               dtype_bytes=config.dtype_bytes, npu_weight_bytes=config.npu_weight_bytes)
+            op = geometry.rest_op(ctx, op.chunk == last, measured=False)
+        clock.record(op, wall, deps)
+    res = PrefillResult(logits=None, past_key_values=None, events=clock.events, stats=source.stats,
+                        wall_s=source.wall_s, ops=clock.ops)
+    return finish(res, config, n_tokens)
+
+
+__all__ = ["numerics_key", "Numerics", "remodel"]

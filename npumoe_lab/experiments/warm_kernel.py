@@ -1,0 +1,91 @@
+"""Sweep cells reuse their process: one warm Jupyter kernel per local sweep worker runs every cell's notebook.
+
+A fresh kernel per cell paid interpreter start-up, the torch/transformers/npumoe_lab imports and the model load
+every time (~5 s of a ~20 s demo cell, issue 17). Here papermill still executes each cell's notebook and writes
+its `executed.ipynb` (the record of the cell), but into a kernel that stays up between cells: its imported modules
+and its model cache (model_cache.py, reached through `notebook_helpers.load`) survive, while the notebook's own
+namespace is cleared (`%reset -f`) before each cell, so a cell sees only what its notebook defines. A kernel that
+died (or was killed with its cell) is replaced by a fresh one at the next cell.
+"""
+from __future__ import annotations
+
+import atexit
+
+from papermill.clientwrap import PapermillNotebookClient
+from papermill.engines import NBClientEngine, papermill_engines
+from papermill.log import logger
+from papermill.utils import merge_kwargs, remove_args
+
+ENGINE = "npumoe-warm"
+RESET = "%reset -f\nimport gc as _gc\n_gc.collect()\ndel _gc"
+_KERNELS: dict = {}       # (kernel name, cwd) -> AsyncKernelManager with a running kernel
+
+
+def _run_sync(fn):
+    from jupyter_core.utils import run_sync
+    return run_sync(fn)
+
+
+def warm_manager(kernel_name: str, cwd: str):
+    """A running kernel for (kernel_name, cwd), started on first use, its user namespace cleared."""
+    from jupyter_client.manager import AsyncKernelManager
+    key = (kernel_name, str(cwd))
+    km = _KERNELS.get(key)
+    if km is not None and not _run_sync(km.is_alive)():
+        shutdown(key)
+        km = None
+    if km is None:
+        km = AsyncKernelManager(kernel_name=kernel_name)
+        _run_sync(km.start_kernel)(cwd=str(cwd), extra_arguments=["--HistoryManager.hist_file=:memory:"])
+        _KERNELS[key] = km
+    else:
+        _run_sync(_reset)(km)
+    return km
+
+
+async def _reset(km, timeout: float = 60) -> None:
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=timeout)
+        await kc.execute_interactive(RESET, timeout=timeout, output_hook=lambda msg: None)
+    finally:
+        kc.stop_channels()
+
+
+def shutdown(key=None) -> None:
+    """Stop the warm kernel of `key` (all of them by default)."""
+    for k in list(_KERNELS) if key is None else [key]:
+        km = _KERNELS.pop(k, None)
+        if km is not None:
+            try:
+                _run_sync(km.shutdown_kernel)(now=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+
+atexit.register(shutdown)
+
+
+class WarmEngine(NBClientEngine):
+    """papermill's nbclient engine on a kernel it does not own (`km=`): the kernel outlives the notebook, and the
+    client's channels are closed after each one (nbclient leaves them open when it does not own the kernel)."""
+
+    @classmethod
+    def execute_managed_notebook(cls, nb_man, kernel_name, log_output=False, stdout_file=None, stderr_file=None,
+                                 start_timeout=60, execution_timeout=None, **kwargs):
+        kwargs = remove_args(["input_path", "timeout", "startup_timeout"], **kwargs)
+        final = merge_kwargs(kwargs, timeout=execution_timeout, startup_timeout=start_timeout,
+                             kernel_name=kernel_name, log=logger, log_output=log_output,
+                             stdout_file=stdout_file, stderr_file=stderr_file)
+        client = PapermillNotebookClient(nb_man, **final)
+        try:
+            return client.execute()
+        finally:
+            if client.kc is not None:
+                client.kc.stop_channels()
+
+
+papermill_engines.register(ENGINE, WarmEngine)
+
+__all__ = ["warm_manager", "shutdown", "WarmEngine", "ENGINE"]
