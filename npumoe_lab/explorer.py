@@ -28,13 +28,13 @@ class Knobs:
     tiers: int = 3
     percentile: float = 90.0
     group_size: int = 8
-    residency: str = "threshold"
+    residency: str = "cost"          # the npumoe variant's default (the threshold rule reads hot_scale)
     hot_scale: float = 1.0           # hot threshold in units of one balanced expert's load (chunk * top_k / E)
     platform: str = "m2-max"
     chunk: int = 128
 
     def plan_knobs(self, spec) -> dict:
-        thr = self.hot_scale * self.chunk * spec.top_k / spec.n_experts
+        thr = self.hot_scale * self.chunk * spec.top_k / spec.n_experts if self.residency == "threshold" else None
         return dict(tiers=self.tiers, percentile=self.percentile, group_size=self.group_size,
                     residency=self.residency, hot_threshold=thr, platform=self.platform)
 
