@@ -80,7 +80,7 @@ def test_model_plan_runs_for_real_with_the_predicted_static_calls(tiny_lab, chun
 @pytest.mark.slow
 def test_explorer_app_updates_from_code_and_draws_panels(tiny_lab):
     from npumoe_lab.explorer_app import PANELS, Explorer
-    app = Explorer(tiny_lab, Knobs())
+    app = Explorer(tiny_lab, Knobs(residency="all"))     # every group an NPU graph: calls follow the groups
     first = app.evaluation.result.summary["ttft_s"]
     assert "npumoe-ttft" in app.metrics.value and f"TTFT {1e3 * first:.4g} ms" in app.metrics.value
     app.set(group_size=1)                                   # one NPU graph per expert: more calls than groups of 8
