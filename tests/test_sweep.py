@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -124,3 +125,20 @@ def test_notebook_without_parameters_cell_and_cli_error_exit(tmp_path, capsys):
     assert "no cell tagged `parameters`" in capsys.readouterr().err
     with pytest.raises(NpuMoeError, match="--scheduler needs --executor dask"):
         run_sweep(FIX / "sweep_base.yaml", tmp_path / "o", scheduler="tcp://localhost:8786")
+
+
+def test_simulate_sweep_cells_write_rows_and_resume(tmp_path):
+    """kind: simulate: each cell is one simulate() call; rows equal a direct call; a re-run skips done cells."""
+    from npumoe_lab.sim.run import simulate
+    spec = tmp_path / "sim.yaml"
+    spec.write_text("kind: simulate\nparameters: {geometry: phi-tiny-moe, platforms: m2-max, variants: 'cpu-only,npumoe',"
+                    " prompt_len: 512}\ngrid: {chunk: [256, 512]}\n")
+    report = run_sweep(spec, tmp_path / "out")
+    assert len(report.done) == 2 and not report.failed
+    rows = load_results(tmp_path / "out").set_index(["chunk", "variant"]).sort_index()
+    direct = simulate("phi-tiny-moe", "synthetic:gini=0.6", "m2-max", "cpu-only,npumoe", 512, "256,512")
+    assert np.allclose(rows.ttft_s, direct.set_index(["chunk", "variant"]).sort_index().ttft_s, rtol=1e-12)
+    assert len(run_sweep(spec, tmp_path / "out").skipped) == 2
+    spec.write_text("kind: simulate\nparameters: {geometri: phi-tiny-moe}\ngrid: {chunk: [256]}\n")
+    with pytest.raises(NpuMoeError, match="'geometri' in sweep .* are not arguments of npumoe_lab.simulate"):
+        run_sweep(spec, tmp_path / "out2")

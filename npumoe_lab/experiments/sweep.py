@@ -75,10 +75,10 @@ def run_sweep(yaml_path, out_dir, workers: int = 1, executor: str = "local", sch
         raise NpuMoeError("--scheduler needs --executor dask")
     spec = load_spec(yaml_path)  # validates everything before anything runs
     out = Path(out_dir).resolve()
-    notebook = _snapshot_notebook(spec, out / "_sweep")
+    notebook = _snapshot_notebook(spec, out / "_sweep") if spec.kind == "notebook" else None
     cells = [(cell_key(p), p) for p in spec.cells()]
     write_json(out / "sweep.json", {"name": spec.name, "sources": [str(s) for s in spec.sources],
-                                     "notebook": str(spec.notebook), "parameters": spec.parameters,
+                                     "kind": spec.kind, "notebook": str(spec.notebook), "parameters": spec.parameters,
                                      "grid": spec.grid, "cells": {k: p for k, p in cells}})
     report = SweepReport(spec.name, out)
     tasks = []
@@ -88,7 +88,8 @@ def run_sweep(yaml_path, out_dir, workers: int = 1, executor: str = "local", sch
             report.skipped.append(CellOutcome(key, params, cell_dir, "skipped"))
         else:
             tasks.append({"key": key, "params": params, "cell_dir": str(cell_dir), "notebook": str(notebook),
-                          "cwd": str(spec.notebook.parent), "warm": warm and executor == "local"})
+                          "kind": spec.kind, "cwd": str(spec.notebook.parent if notebook else out),
+                          "warm": warm and executor == "local" and spec.kind == "notebook"})
     if executor == "dask":
         from .dask_executor import dask_map as run_all
     else:
@@ -107,9 +108,8 @@ def run_sweep(yaml_path, out_dir, workers: int = 1, executor: str = "local", sch
 
 
 def run_cell(task: dict) -> dict:
-    """Execute one cell's notebook (runs in a worker process). Never raises for a notebook error."""
-    import papermill as pm
-
+    """Execute one cell (its notebook, or its simulate() call; runs in a worker process). Never raises for a
+    cell's own error."""
     cell_dir = Path(task["cell_dir"])
     cell_dir.mkdir(parents=True, exist_ok=True)
     _kernel_env()
@@ -121,13 +121,11 @@ def run_cell(task: dict) -> dict:
         info = {"cell": task["key"], "params": task["params"], "notebook": task["notebook"],
                 "host": socket.gethostname(), "started": _iso(started)}
         try:
-            engine = {}
-            if task.get("warm"):   # this worker's kernel: imports and loaded models carry over between cells
-                from .warm_kernel import ENGINE, warm_manager   # lazy: registers a papermill engine
-                engine = dict(engine_name=ENGINE, km=warm_manager("python3", task["cwd"]))
-            pm.execute_notebook(task["notebook"], str(cell_dir / "executed.ipynb"), kernel_name="python3",
-                                parameters={**task["params"], "out_dir": str(cell_dir)}, cwd=task["cwd"],
-                                progress_bar=False, **engine)
+            if task.get("kind") == "simulate":   # no notebook: the cell is one simulate() call writing its rows
+                from ..sim.run import simulate   # lazy: torch and the engine only for `kind: simulate` sweeps
+                simulate(**task["params"], out=cell_dir)
+            else:
+                _run_notebook(task, cell_dir)
         except Exception as exc:  # noqa: BLE001 - a failed cell must not stop the sweep
             error, trace = _describe(exc)
             write_json(cell_dir / FAILED, {**info, "error": error, "traceback": trace,
@@ -138,6 +136,18 @@ def run_cell(task: dict) -> dict:
         write_json(cell_dir / DONE, {**info, "duration_s": duration, "finished": _iso(time.time()),
                                      "row_files": rows})
         return {"status": "done", "duration_s": duration}
+
+
+def _run_notebook(task: dict, cell_dir: Path) -> None:
+    import papermill as pm   # lazy: papermill and its kernels only for notebook sweeps
+
+    engine = {}
+    if task.get("warm"):   # this worker's kernel: imports and loaded models carry over between cells
+        from .warm_kernel import ENGINE, warm_manager   # lazy: registers a papermill engine
+        engine = dict(engine_name=ENGINE, km=warm_manager("python3", task["cwd"]))
+    pm.execute_notebook(task["notebook"], str(cell_dir / "executed.ipynb"), kernel_name="python3",
+                        parameters={**task["params"], "out_dir": str(cell_dir)}, cwd=task["cwd"],
+                        progress_bar=False, **engine)
 
 
 def local_map(fn, tasks, workers, scheduler=None):

@@ -13,6 +13,7 @@ file's entry, also when it moves from `grid` to `parameters` (or back). `noteboo
 from __future__ import annotations
 
 import ast
+import inspect
 import itertools
 import re
 from dataclasses import dataclass
@@ -21,9 +22,11 @@ from pathlib import Path
 import yaml
 
 from ..errors import NpuMoeError
+from ..knobs import PlanKnobs
 from ..utils import REPO_ROOT, sha256_json
 
-KEYS = ("name", "include", "notebook", "parameters", "grid")
+KEYS = ("name", "include", "kind", "notebook", "parameters", "grid")
+KINDS = ("notebook", "simulate")     # simulate: each cell is npumoe_lab.simulate(**params), no notebook or kernel
 RESERVED = ("out_dir",)  # set per cell by the runner
 KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
 
@@ -35,7 +38,8 @@ class SweepSpec:
     parameters: dict            # fixed values
     grid: dict                  # name -> list of values
     sources: tuple              # YAML files merged, the including file last
-    notebook_params: tuple      # names defined in the notebook's `parameters` cell
+    notebook_params: tuple      # names defined in the notebook's `parameters` cell (simulate: its arguments)
+    kind: str = "notebook"
 
     def cells(self) -> list[dict]:
         """One parameter dict per grid point (grid keys vary in YAML order, the last fastest)."""
@@ -53,6 +57,10 @@ def load_spec(yaml_path) -> SweepSpec:
     """Read, merge and validate a sweep YAML; every problem is reported before anything runs."""
     path = Path(yaml_path).resolve()
     raw = _load(path, ())
+    if raw["kind"] not in KINDS:
+        raise NpuMoeError(f"sweep {path}: kind {raw['kind']!r} is not one of {', '.join(KINDS)}")
+    if raw["kind"] == "simulate":
+        return _simulate_spec(path, raw)
     if raw["notebook"] is None:
         raise NpuMoeError(f"sweep {path} names no notebook; add `notebook: notebooks/<name>.ipynb`")
     notebook, where = raw["notebook"]
@@ -68,12 +76,32 @@ def load_spec(yaml_path) -> SweepSpec:
                               "parameters cell and write result rows there with write_rows(rows, out_dir)")
         if reserved in raw["parameters"] or reserved in raw["grid"]:
             raise NpuMoeError(f"sweep {path} sets `{reserved}`; remove it: the runner gives each cell its own folder")
+    _check_names(raw, names, path, f"parameters of notebook {found.name} (its parameters cell defines: "
+                 f"{', '.join(names)}); fix the name or add it to that cell")
+    _check_grid(raw, path)
+    return SweepSpec(name=str(raw["name"] or path.stem), notebook=found, parameters=raw["parameters"],
+                     grid=raw["grid"], sources=tuple(raw["sources"]), notebook_params=tuple(names))
+
+
+def _simulate_spec(path: Path, raw: dict) -> SweepSpec:
+    """A sweep of simulate() calls: cell parameters are simulate's arguments (geometry, routing, platforms, ...)."""
+    from ..sim.run import simulate   # lazy: the simulation layer only for `kind: simulate` sweeps
+    names = [n for n in inspect.signature(simulate).parameters if n not in ("out", "timeline", "plan_knobs")]
+    names += list(PlanKnobs.names())
+    _check_names(raw, names, path, f"arguments of npumoe_lab.simulate ({', '.join(names)})")
+    _check_grid(raw, path)
+    return SweepSpec(name=str(raw["name"] or path.stem), notebook=None, parameters=raw["parameters"],
+                     grid=raw["grid"], sources=tuple(raw["sources"]), notebook_params=tuple(names), kind="simulate")
+
+
+def _check_names(raw: dict, names, path: Path, what: str) -> None:
     for section in ("parameters", "grid"):
         unknown = [k for k in raw[section] if k not in names]
         if unknown:
-            raise NpuMoeError(f"{section} name(s) {', '.join(map(repr, unknown))} in sweep {path} are not "
-                              f"parameters of notebook {found.name} (its parameters cell defines: "
-                              f"{', '.join(names)}); fix the name or add it to that cell")
+            raise NpuMoeError(f"{section} name(s) {', '.join(map(repr, unknown))} in sweep {path} are not {what}")
+
+
+def _check_grid(raw: dict, path: Path) -> None:
     for key, values in raw["grid"].items():
         if not isinstance(values, list):
             raise NpuMoeError(f"grid.{key} in sweep {path} must be a list of values, got {values!r}; put a single "
@@ -86,8 +114,6 @@ def load_spec(yaml_path) -> SweepSpec:
     if not raw["grid"]:
         raise NpuMoeError(f"sweep {path} has an empty grid (no cells to run); add `grid:` with at least one "
                           "list, e.g. `grid: {repeat: [0]}`")
-    return SweepSpec(name=str(raw["name"] or path.stem), notebook=found, parameters=raw["parameters"],
-                     grid=raw["grid"], sources=tuple(raw["sources"]), notebook_params=tuple(names))
 
 
 def read_notebook(path: Path):
@@ -151,7 +177,7 @@ def _load(path: Path, stack: tuple) -> dict:
     if both:
         raise NpuMoeError(f"{', '.join(both)} set in both parameters and grid of {path}; keep one")
 
-    merged = {"name": None, "notebook": None, "parameters": {}, "grid": {}, "sources": []}
+    merged = {"name": None, "kind": "notebook", "notebook": None, "parameters": {}, "grid": {}, "sources": []}
     includes = doc.get("include") or []
     for inc in [includes] if isinstance(includes, str) else includes:
         _overlay(merged, _load((path.parent / str(inc)).resolve(), (*stack, path)))
@@ -159,8 +185,8 @@ def _load(path: Path, stack: tuple) -> dict:
     if doc.get("notebook"):
         rel = Path(str(doc["notebook"]))
         notebook = ((path.parent / rel).resolve(), (REPO_ROOT / rel).resolve()), path
-    _overlay(merged, {"name": doc.get("name"), "notebook": notebook, "parameters": params, "grid": grid,
-                      "sources": []})
+    _overlay(merged, {"name": doc.get("name"), "kind": doc.get("kind"), "notebook": notebook, "parameters": params,
+                      "grid": grid, "sources": []})
     merged["sources"] = merged["sources"] + [path]
     return merged
 
@@ -173,7 +199,7 @@ def _overlay(merged: dict, layer: dict) -> None:
     for name, value in layer["grid"].items():
         merged["parameters"].pop(name, None)
         merged["grid"][name] = value
-    for key in ("name", "notebook"):
-        if layer[key]:
+    for key in ("name", "kind", "notebook"):
+        if layer.get(key):
             merged[key] = layer[key]
     merged["sources"] += layer["sources"]
