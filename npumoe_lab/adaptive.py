@@ -59,7 +59,7 @@ def _chunk_drops(stats) -> pd.Series:
     return g["dropped"] / g["routed"]
 
 
-def _by_chunk(records) -> list[dict]:
+def recorded_chunks(records) -> list[dict]:
     """RoutingRecorder records -> [chunk] {layer: (top_k_index, top_k_weights, norms)} (one forward per chunk)."""
     out: dict[int, dict] = {}
     for r in records:
@@ -110,7 +110,7 @@ def drift_run(model, tokenizer, calib_domain: str = "scripture", run_domain: str
         first = monitor.rebuilds[0]
         later = per_chunk[per_chunk["chunk"] > first.chunk]
         geometry = ModelGeometry.from_config(model.config)
-        routing = _by_chunk(rec.records)
+        routing = recorded_chunks(rec.records)
         ttft = [replay_prefill(geometry, PlanExecutor(p, [], npu_dtype=config.npu_dtype), config, routing,
                                prompt_len)[0].summary["ttft_s"] for p in (plan, monitor.rebuilds[-1].plan)]
         summary |= first.row() | {
@@ -122,4 +122,4 @@ def drift_run(model, tokenizer, calib_domain: str = "scripture", run_domain: str
     return DriftReport(per_chunk, drift, monitor.rebuilds, summary)
 
 
-__all__ = ["DriftReport", "drift_run"]
+__all__ = ["DriftReport", "drift_run", "recorded_chunks"]

@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "sim.papercheck": ["paper-check"],
     "plots": ["figures"],
     "graphs.convert": ["convert"],
+    "tune": ["tune"],
 }
 
 
