@@ -150,7 +150,8 @@ def tune(model="tiny", geometry=None, budget_drop=None, budget_ttft_ms=None, pla
          space=None, n_candidates=40, confirm=2, n_heldout=4, n_record=2, seed=0) -> dict:
     """Search the plan knobs for the budget (module docstring). `model`: a name or (model, tokenizer); with
     `geometry` (a name or config path) no weights are loaded and nothing is confirmed. `profile`: a
-    CalibrationProfile (else calibrated, cached). Returns the report written to `out/tune.json`."""
+    CalibrationProfile or its directory (else calibrated, cached). Returns the report written to `out/tune.json`
+    plus `plan` (the chosen Plan), `front` and `candidates` (DataFrames)."""
     t0 = time.perf_counter()
     _check_budgets(budget_drop, budget_ttft_ms)
     space = _space(space)
@@ -232,7 +233,8 @@ def tune(model="tiny", geometry=None, budget_drop=None, budget_ttft_ms=None, pla
               "default": _row(default, drop_col, ttft_col), "n_candidates": len(points),
               "front_size": int(scored["front"].sum()), "routing": label,
               "confirmed_on": "lm-heldout windows (real numerics)" if drop_col == "drop_rate_measured" else "none",
-              "elapsed_s_measured": time.perf_counter() - t0, "plan": plans[best]}
+              "elapsed_s_measured": time.perf_counter() - t0, "plan": plans[best],
+              "front": scored[scored["front"]].sort_values("ttft_ms"), "candidates": scored}
     if out is not None:
         _write(Path(out), report, scored)
     return report
@@ -265,7 +267,8 @@ def _write(out: Path, report: dict, scored: pd.DataFrame) -> None:
     ax.set_title(f"tune {report['target']}: TTFT x drop x energy (modeled)", fontsize=8)
     ax.legend(fontsize=6)
     fig.savefig(out / "front.png", dpi=130)
-    (out / "tune.json").write_text(json.dumps({k: v for k, v in report.items() if k != "plan"}, indent=2,
+    (out / "tune.json").write_text(json.dumps({k: v for k, v in report.items()
+                                               if k not in ("plan", "front", "candidates")}, indent=2,
                                               default=str))
 
 
