@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "plots": ["figures"],
     "graphs.convert": ["convert"],
     "tune": ["tune"],
+    "adaptive": ["drift"],
 }
 
 

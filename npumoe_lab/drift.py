@@ -56,7 +56,7 @@ class DriftLimits:
             raise NpuMoeError(f"drift limit hot_k={self.hot_k!r} must be an integer >= 1 (or None)")
 
 
-def _limits(limits) -> DriftLimits:
+def as_limits(limits) -> DriftLimits:
     if limits is None:
         return DriftLimits()
     if isinstance(limits, DriftLimits):
@@ -142,7 +142,7 @@ class DriftMonitor:
                 raise NpuMoeError(f"{name}={v!r} must be an integer >= 1")
         if window < persist:
             raise NpuMoeError(f"window={window} must be >= persist={persist}: a rebuild uses the persisting chunks")
-        self.limits, self.policy, self.persist, self.window = _limits(limits), recalibrate, persist, window
+        self.limits, self.policy, self.persist, self.window = as_limits(limits), recalibrate, persist, window
         self.profile, self.specs = profile, specs
         self.records: list[dict] = []
         self.rebuilds: list[Rebuild] = []
@@ -258,5 +258,5 @@ def _share(counts, n_experts: int) -> np.ndarray:
     return c / c.sum()
 
 
-__all__ = ["DriftMonitor", "DriftLimits", "DriftWarning", "Rebuild", "POLICIES", "changed_graphs", "npu_graphs", "measures", "jensen_shannon",
-           "hot_set"]
+__all__ = ["DriftMonitor", "DriftLimits", "DriftWarning", "Rebuild", "POLICIES", "as_limits", "changed_graphs",
+           "npu_graphs", "measures", "jensen_shannon", "hot_set"]

@@ -15,7 +15,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
@@ -297,8 +296,8 @@ def _cli(args) -> int:
     report = tune(model=args.model, geometry=args.geometry, budget_drop=args.budget_drop,
                   budget_ttft_ms=args.budget_ttft_ms, platform=args.platform, out=args.out, chunk=args.chunk,
                   prompt_len=args.prompt_len, calib_workload=args.calib_workload, calib_tokens=args.calib_tokens,
-                  routing=args.routing, profile=args.profile, space=_parse_space(args.space), n_candidates=args.candidates,
-                  confirm=args.confirm, seed=args.seed)
+                  routing=args.routing, profile=args.profile, space=_parse_space(args.space),
+                  n_candidates=args.candidates, confirm=args.confirm, seed=args.seed)
     c, d = report["chosen"], report["default"]
     print(f"tune {report['target']} on {report['platform']}: {report['n_candidates']} candidates, "
           f"{report['front_size']} on the Pareto front, {report['elapsed_s_measured']:.1f} s (measured)")
