@@ -4,6 +4,7 @@ import pytest
 
 from npumoe_lab import load_model
 from npumoe_lab.adaptive import drift_run
+from npumoe_lab.experiments.runner import run_experiment
 from npumoe_lab.models import TINY_MODEL_DIR
 
 
@@ -38,3 +39,13 @@ def test_same_domain_stays_quiet(tiny):
     rep = drift_run(model, tok, "scripture", "scripture", prompt_len=1024, chunk=128, calib_tokens=2048,
                     recalibrate="off")
     assert not rep.rebuilds and rep.summary["drift_js_max"] < 0.3
+
+
+def test_run_experiment_drift_columns(tiny):
+    df = run_experiment(model=tiny, workload="lm-heldout", variants="npumoe,cpu-only", platforms="m2-max",
+                        prompt_len=256, chunk=128, n_samples=1, calib_workload="scripture", calib_tokens=1024,
+                        warmup=0, drift=True, residency="all")
+    plan_row = df[df.variant == "npumoe"].iloc[0]
+    assert 0 <= plan_row["drift_js_max"] <= 1 and 0 <= plan_row["drift_hot_overlap_min"] <= 1
+    assert plan_row["drift_policy"] == "off" and plan_row["drift_rebuilds"] == 0
+    assert df[df.variant == "cpu-only"]["drift_js_max"].isna().all()    # no plan: nothing to monitor
