@@ -77,3 +77,14 @@ def test_cli_exit_2_on_bad_values(capsys):
     assert main(["tune", "--geometry", "phi-tiny-moe", "--budget-drop", "0.05", "--space", "tierz=1"]) == 2
     assert "unknown tune knob" in capsys.readouterr().err
     assert main(["tune", "--geometry", "phi-tiny-moe", "--budget-drop", "0.05", "--space", "tiers"]) == 2
+
+
+def test_geometry_ttft_budget_picks_least_drop_within_budget():
+    kw = dict(geometry="phi-tiny-moe", routing="synthetic:gini=0.5", n_candidates=8, prompt_len=256, chunk=128,
+              space={"tiers": [1, 2, 3], "group_size": [4, 8], "residency": ["all", "threshold"]})
+    first = tune(budget_drop=0.5, **kw)["candidates"]
+    budget = float(first["ttft_ms"].median())
+    rep = tune(budget_ttft_ms=budget, **kw)
+    within = rep["candidates"][rep["candidates"]["ttft_ms"] <= budget]
+    assert rep["met"] and rep["chosen"]["ttft_ms_modeled"] <= budget
+    assert rep["chosen"]["drop_rate"] == pytest.approx(within["drop_rate"].min())
