@@ -16,7 +16,7 @@ def drift_figure(report):
     for r in report.rebuilds:
         for ax in (left, right):
             ax.axvline(r.chunk + 0.5, color="red", lw=0.8, alpha=0.6)
-    left.set(xlabel="prefill chunk", ylabel="JS distance to the plan's calibration",
+    left.set(xlabel="prefill chunk", ylabel="JS distance to the current plan's calibration",
              title="drift per chunk (measured routing)")
     p = report.per_chunk
     for col, label in (("drop_static", f"{s['calib_domain']} plan, static"),
