@@ -20,6 +20,8 @@ SUBCOMMANDS = {
     "sim.papercheck": ["paper-check"],
     "plots": ["figures"],
     "graphs.convert": ["convert"],
+    "tune": ["tune"],
+    "adaptive": ["drift"],
 }
 
 

@@ -71,6 +71,7 @@ class PlanExecutor:
     # measures wall time (a measured static graph costs its padding); untimed and modeled runs skip it (the
     # modeled cost is the static shape's either way).
     pad_rows: str = "auto"
+    monitor: object = None               # drift.DriftMonitor: observes each (chunk, layer); may hand a rebuilt plan
     layout: ExecutionLayout = field(init=False)
 
     def __post_init__(self):
@@ -148,6 +149,12 @@ class PlanExecutor:
             other._experts = self._experts      # per layer, independent of plan and padding options
         return other
 
+    def replan(self, plan) -> None:
+        """Run `plan` from the next call on (a recalibration); the packed expert weights are kept."""
+        self.plan, self.layout = plan, as_layout(plan)
+        self._static.clear()
+        self._weights.clear()
+
     def packed_experts(self, handle) -> PackedExperts:
         if handle.layer not in self._experts:   # packed once per model and weight version (weight_cache.py)
             w = handle.weights
@@ -182,6 +189,8 @@ class PlanExecutor:
         """One MoE layer over one chunk. `hidden` [T, H] and `handle` (real weights) when `ctx.numerics`; in a
         routing-only replay both are None and `norms` [T] stands in for the hidden states' norms."""
         clock, K, num = ctx.clock, top_k_index.shape[1], ctx.numerics
+        if self.monitor is not None and (rebuilt := self.monitor.pending_plan()) is not None:
+            self.replan(rebuilt)           # handed over after a chunk's last layer: adopted at a chunk boundary
         lay = self.layout.layer(layer)
         if num:
             layout, cold, gweights = self._compiled(handle)
@@ -256,6 +265,8 @@ class PlanExecutor:
         y, _ = clock.run(op("scatter", "scatter", "cpu", memory_cost(2 * S * H * b, "scatter"), (S, H)),
                          _combine if num else None, *scatter_args, deps=tuple(group_events) or (ev_pack,))
         clock.layer_stats(ctx.index, layer, stats)
+        if self.monitor is not None:
+            self.monitor.observe(ctx.index, layer, torch.bincount(top_k_index[active], minlength=lay.n_experts), stats)
         return y.to(hidden.dtype) if num else None
 
     def _group_call(self, handle, gs, w, packed, out, fill):

@@ -24,7 +24,7 @@ from npumoe_lab.utils import REPO_ROOT  # noqa: E402
 
 NB_DIR = REPO_ROOT / "notebooks"
 NOTEBOOKS = ("00_quickstart", "01_calibration", "02_static_tiers", "03_grouping", "04_residency", "05_baselines",
-             "06_accuracy", "07_figures", "08_paper_scale", "10_explorer")
+             "06_accuracy", "07_figures", "08_paper_scale", "09_adaptive", "10_explorer")
 MODEL = os.environ.get("NPUMOE_NOTEBOOK_TEST_MODEL", "tiny")   # another checkpoint folder: test against it
 SMALL = dict(model=MODEL, prompt_len=256, chunk=128, calib_tokens=1024, n_samples=1)
 
@@ -259,3 +259,20 @@ def test_summary_markdown_ablation_ratios():
     md = summary_markdown(pd.DataFrame(rows), {"model": "`tiny`"})
     assert "| m2-max | modeled | 1.00x (paper 1.00x) | 2.00x (paper 1.48x) | - | 4.00x (paper 2.89x) |" in md
     assert "| cpu | measured |" in md and "| npumoe | m2-max | modeled | 0.5 |" in md
+
+
+@pytest.mark.slow
+def test_09_adaptive(kernel_env, tmp_path):
+    out = tmp_path / "out"
+    nb = execute("09_adaptive", tmp_path, model=MODEL, prompt_len=768, chunk=128, calib_tokens=1024,
+                 budgets=[{"budget_drop": 0.05}, {"budget_ttft_ms": 30.0}], tune_candidates=8, out_dir=str(out))
+    assert not errors(nb)
+    import pandas as pd
+    per = pd.read_csv(out / "drift_per_chunk.csv")
+    assert len(per) == 6 and per[["drop_static", "drop_adaptive", "drop_direct"]].notna().all().all()
+    assert set(pd.read_csv(out / "drift_records.csv").layer) and (out / "tune_chosen.csv").is_file()
+    assert all((out / d / "front.csv").is_file() for d in ("tune-budget_drop0.05", "tune-budget_ttft_ms30.0"))
+    imgs = images(nb)
+    assert len(imgs) == 2      # drift per chunk + the two fronts
+    for blob in imgs:
+        assert_png(blob)

@@ -15,6 +15,7 @@ import pandas as pd
 import torch
 
 from ..cpu_features import resolve_dtype, row_fields
+from ..drift import DriftMonitor
 from ..errors import NpuMoeError
 from ..geometry import ModelGeometry
 from ..utils import progress, provenance, with_torch_threads
@@ -75,12 +76,14 @@ def _attach_variant(model, variant, specs, profile, config: PrefillConfig, knobs
 def run_experiment(model="tiny", workload="ruler-multikey", variants="all", platforms="cpu,m2-max",
                    prompt_len=1024, chunk=256, plan=None, repeats=1, n_samples=4, seed=0, out=None,
                    calib_workload="mixed", calib_tokens=8192, timeline=False, model_name=None, warmup=1,
-                   npu_backend=None, dtype=None, share_numerics=True, **plan_knobs) -> pd.DataFrame:
+                   npu_backend=None, dtype=None, share_numerics=True, drift=False, **plan_knobs) -> pd.DataFrame:
     """Run every (variant, platform) on the workload's samples; returns (and writes to `out`) result rows.
     `threads=N` sets torch's intra-op threads for the run (rows record `torch_threads` either way). `dtype`: the
     model's dtype when loaded by name (None/"auto": this CPU's fast dtype, cpu_features.py); rows record it with
     the CPU's flags. A modeled platform reuses the forward of a run with the same numerics (shared_numerics.py;
-    `share_numerics=False`: every row from its own forward)."""
+    `share_numerics=False`: every row from its own forward). `drift=True`: plan variants run with a drift monitor
+    against the calibration profile (drift.py; columns drift_*); each row then comes from its own forward."""
+    share_numerics = share_numerics and not drift     # a monitor observes the forward it is attached to
     from .. import detach
     from ..devices import get_platform
     from ..metrics import bootstrap_ci, logit_agreement
@@ -161,6 +164,9 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
                 for _ in range(warmup):
                     chunked_prefill(model_obj, torch.tensor([samples[0].input_ids[:chunk]]), chunk,
                                     pad_token_id=pad_id)
+            mon = None
+            if drift and used is not None:     # after the warm-up: only the samples' routing is monitored
+                mon = model_obj._npumoe.executor.monitor = DriftMonitor(used, profile)
             per_rep = [[] for _ in range(repeats)]
             acc = []
             for i, s in enumerate(samples):
@@ -201,7 +207,7 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
                            model_fingerprint=fingerprint, plan_hash=getattr(used, "hash", None),
                            npu_backend=(npu_backend or "torch") if v.experts == "plan" else None,
                            torch_threads=torch.get_num_threads(), **numerics_fields,
-                           created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **prov)
+                           created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **prov, **(mon.summary() if mon else {}))
                 for k in plan_knobs:            # swept knobs become columns (the figures read them)
                     row["n_tiers" if k == "tiers" else k] = plan_knobs[k]
                 for col in m.columns:
@@ -255,6 +261,7 @@ def register_cli(sub):
                    help="torch intra-op threads for the run (default: torch's own choice); recorded per row")
     p.add_argument("--dtype", default="auto",
                    help="model dtype: auto (this CPU's fast dtype: bf16 with avx512_bf16/AMX, else fp32), fp32, bf16")
+    p.add_argument("--drift", action="store_true", help="monitor routing drift of the plan variants (drift_* columns)")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cli_run)
     q = sub.add_parser("platforms", help="list the platforms with their sources")
@@ -267,7 +274,7 @@ def _cli_run(a: argparse.Namespace) -> int:
                         prompt_len=a.prompt_len, chunk=a.chunk, plan=a.plan, repeats=a.repeats,
                         n_samples=a.samples, seed=a.seed, out=a.out, calib_workload=a.calib_workload,
                         calib_tokens=a.calib_tokens, timeline=a.timeline, npu_backend=a.npu_backend,
-                        threads=a.threads, dtype=a.dtype, **knobs)
+                        threads=a.threads, dtype=a.dtype, drift=a.drift, **knobs)
     cols = ["variant", "platform", "timing_source", "ttft_s", "energy_per_token_mj", "cpu_busy_s", "n_npu_calls",
             "drop_rate", "pad_rate", "score", "accuracy_delta"]
     with pd.option_context("display.width", 200, "display.max_columns", 20):
