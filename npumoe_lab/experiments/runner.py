@@ -14,10 +14,14 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from ..devices.hostload import HostLoad, warn_if_busy
 from ..errors import NpuMoeError
+from ..stats import change_statement, paired_exact
 from ..utils import progress, provenance, with_torch_threads
 from ..variants import ABLATION, PAPER_ABLATION_SPEEDUP, dynamic_plan, parse_variants
+from . import interleave
 
+MEASURED_REPEATS = 3   # default repeats of a measured platform (median and IQR need several); modeled: 1
 PLAN_KNOBS = ("tiers", "group_size", "hot_threshold", "saliency", "percentile", "align", "residency",
               "renormalize")
 
@@ -70,10 +74,12 @@ def _layer_counts(stats):
 
 @with_torch_threads
 def run_experiment(model="tiny", workload="ruler-multikey", variants="all", platforms="cpu,m2-max",
-                   prompt_len=1024, chunk=256, plan=None, repeats=1, n_samples=4, seed=0, out=None,
+                   prompt_len=1024, chunk=256, plan=None, repeats=None, n_samples=4, seed=0, out=None,
                    calib_workload="mixed", calib_tokens=8192, timeline=False, model_name=None, warmup=1,
                    npu_backend=None, **plan_knobs) -> pd.DataFrame:
     """Run every (variant, platform) on the workload's samples; returns (and writes to `out`) result rows.
+    `repeats=None`: MEASURED_REPEATS on a measured platform (variants interleaved, host load recorded, median
+    and IQR stored, rows flagged `host_busy` with one warning when the host was not quiet), 1 on a modeled one.
     `threads=N` sets torch's intra-op threads for the run (rows record `torch_threads` either way)."""
     from .. import detach
     from ..devices import get_platform
@@ -89,7 +95,7 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
         raise NpuMoeError(f"unknown plan knob(s) {sorted(unknown)}; valid: {', '.join(PLAN_KNOBS)}")
     vlist = parse_variants(variants)
     plats = [get_platform(p.strip()) for p in (platforms.split(",") if isinstance(platforms, str) else platforms)]
-    if repeats < 1 or n_samples < 1:
+    if (repeats is not None and repeats < 1) or n_samples < 1:
         raise NpuMoeError(f"repeats and n_samples must be >= 1; got {repeats} and {n_samples}")
     if isinstance(model, tuple):
         model_obj, tok = model
@@ -132,57 +138,73 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
         refs.append((res.logits, score(s, res)))
     rows, tl_frames = [], []
     prov = provenance()
-    bar = progress(total=len(vlist) * len(plats) * len(samples) * repeats, desc=f"run {workload}")
+    reps_of = {p.name: repeats or (MEASURED_REPEATS if p.kind == "measured" else 1) for p in plats}
+    bar = progress(total=len(vlist) * len(samples) * sum(reps_of.values()), desc=f"run {workload}")
     for plat in plats:
+        if npu_backend not in (None, "torch") and plat.kind != "measured":
+            raise NpuMoeError(f"--npu-backend {npu_backend} runs real graphs: use it with a measured platform "
+                              f"(e.g. cpu), not the modeled {plat.name!r}")
+        reps, configs = reps_of[plat.name], {}
         for v in vlist:
-            if npu_backend not in (None, "torch") and plat.kind != "measured":
-                raise NpuMoeError(f"--npu-backend {npu_backend} runs real graphs: use it with a measured platform "
-                                  f"(e.g. cpu), not the modeled {plat.name!r}")
             used = _attach_variant(model_obj, v, specs, profile, plat, plan_knobs, plan, npu_backend)
             for _ in range(warmup):      # untimed: first calls pay allocator/thread-pool start-up on this host
                 chunked_prefill(model_obj, torch.tensor([samples[0].input_ids]), chunk, pad_token_id=pad_id)
-            per_rep = [[] for _ in range(repeats)]
-            acc = []
+            configs[v.name] = (interleave.snapshot(model_obj), used)
+        per_rep = {v.name: [[] for _ in range(reps)] for v in vlist}
+        acc = {v.name: [] for v in vlist}
+        loads = {v.name: HostLoad() for v in vlist}
+        for r in range(reps):       # variants interleaved: a slow spell of the host hits every variant alike
             for i, s in enumerate(samples):
                 ids = torch.tensor([s.input_ids])
-                for r in range(repeats):
+                for v in vlist:
+                    interleave.restore(model_obj, configs[v.name][0])
                     clock = Clock(plat, measured=plat.kind == "measured", attention_role=v.attention)
-                    res = chunked_prefill(model_obj, ids, chunk, clock, measure_hf_experts=v.experts == "hf",
-                                          pad_token_id=pad_id)
+                    with loads[v.name].measuring():
+                        res = chunked_prefill(model_obj, ids, chunk, clock, measure_hf_experts=v.experts == "hf",
+                                              pad_token_id=pad_id)
                     events = schedule(res.events, npu_shares_cpu=plat.npu_shares_cpu)
                     summ = summarize(events, plat, n_tokens=len(s.input_ids))
                     drop, pad = _layer_counts(res.stats)
-                    per_rep[r].append(dict(summ, drop_rate=drop, pad_rate=pad, host_wall_s=res.wall_s))
+                    per_rep[v.name][r].append(dict(summ, drop_rate=drop, pad_rate=pad, host_wall_s=res.wall_s))
                     if timeline and r == 0:
                         tl = to_frame(events).assign(variant=v.name, platform=plat.name, sample=i)
                         tl_frames.append(tl)
                     if r == 0:
                         sc = score(s, res)
                         agree = logit_agreement(refs[i][0], res.logits)
-                        acc.append(dict(score=sc["score"], ref_score=refs[i][1]["score"], nll=sc.get("nll"),
-                                        **agree))
+                        acc[v.name].append(dict(score=sc["score"], ref_score=refs[i][1]["score"], nll=sc.get("nll"),
+                                                **agree))
                     bar.update(1)
-            deltas = [a["score"] - a["ref_score"] for a in acc]
+        for v in vlist:
+            used = configs[v.name][1]
+            deltas = [a["score"] - a["ref_score"] for a in acc[v.name]]
             d_mean, d_lo, d_hi = bootstrap_ci(deltas, seed=seed)
-            accdf = pd.DataFrame(acc)
-            for r, reps in enumerate(per_rep):
-                m = pd.DataFrame(reps)
+            accdf = pd.DataFrame(acc[v.name])
+            exact = paired_exact(accdf["ref_score"], accdf["score"])
+            ttfts = [pd.DataFrame(reps_r)["ttft_s"].mean() for reps_r in per_rep[v.name]]
+            host = loads[v.name].columns(ttfts) if plat.kind == "measured" else {}
+            for r, reps_r in enumerate(per_rep[v.name]):
+                m = pd.DataFrame(reps_r)
                 row = dict(model=name, workload=workload, variant=v.name, platform=plat.name,
                            prompt_len=prompt_len, chunk=chunk, repeat=r, n_samples=len(samples),
                            score_name=wl.metric, score=accdf["score"].mean(), ref_score=accdf["ref_score"].mean(),
                            accuracy_delta=d_mean, accuracy_ci_low=d_lo, accuracy_ci_high=d_hi,
+                           accuracy_lost=exact["lost"], accuracy_gained=exact["gained"],
+                           accuracy_exact_low=exact["exact_low"], accuracy_exact_high=exact["exact_high"],
+                           accuracy_loss_bound=exact["loss_bound"], mcnemar_p=exact["mcnemar_p"],
                            nll=accdf["nll"].mean() if accdf["nll"].notna().any() else None,
                            top1_agree=accdf["top1_agree"].mean(), kl=accdf["kl"].mean(),
                            platform_profile=plat.name, platform_hash=plat.hash, platform_kind=plat.kind,
                            model_fingerprint=fingerprint, plan_hash=getattr(used, "hash", None),
                            npu_backend=(npu_backend or "torch") if v.experts == "plan" else None,
                            torch_threads=torch.get_num_threads(),
-                           created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **prov)
+                           created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **host, **prov)
                 for k in plan_knobs:            # swept knobs become columns (the figures read them)
                     row["n_tiers" if k == "tiers" else k] = plan_knobs[k]
                 for col in m.columns:
                     row[col] = m[col].mean() if pd.api.types.is_numeric_dtype(m[col]) else m[col].iloc[0]
                 rows.append(row)
+    warn_if_busy(rows)
     bar.close()
     detach(model_obj)
     df = pd.DataFrame(rows)
@@ -209,6 +231,18 @@ def ablation_report(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def median_table(df: pd.DataFrame, cols) -> str:
+    """One line per (variant, platform): the median over repeats of each number (what the ablation line uses)."""
+    keys = ["variant", "platform"]
+    g = df.groupby(keys, sort=False)
+    num = [c for c in cols if c not in keys and pd.api.types.is_numeric_dtype(df[c]) and df[c].dtype != bool]
+    other = [c for c in cols if c not in keys and c not in num]
+    t = g[num].median().join(g[other].first()).reset_index()[cols]
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        return f"(median over repeats; measured rows: {int(df.groupby(keys).size().max())} repeats)\n" + \
+            t.to_string(index=False)
+
+
 def register_cli(sub):
     p = sub.add_parser("run", help="run variants on a workload and write result rows")
     p.add_argument("--model", default="tiny")
@@ -218,7 +252,8 @@ def register_cli(sub):
     p.add_argument("--prompt-len", type=int, default=1024)
     p.add_argument("--chunk", type=int, default=256)
     p.add_argument("--plan", default=None, help="a plan JSON for the npumoe variants (else built from calibration)")
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=None,
+                   help=f"timed repeats per sample (default: {MEASURED_REPEATS} on a measured platform, 1 modeled)")
     p.add_argument("--samples", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--calib-workload", default="mixed")
@@ -246,11 +281,14 @@ def _cli_run(a: argparse.Namespace) -> int:
                         n_samples=a.samples, seed=a.seed, out=a.out, calib_workload=a.calib_workload,
                         calib_tokens=a.calib_tokens, timeline=a.timeline, npu_backend=a.npu_backend,
                         threads=a.threads, **knobs)
-    cols = ["variant", "platform", "timing_source", "ttft_s", "energy_per_token_mj", "cpu_busy_s", "n_npu_calls",
-            "drop_rate", "pad_rate", "score", "accuracy_delta"]
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(df.groupby(["variant", "platform"], sort=False).first().reset_index()[
-            [c for c in cols if c in df.columns]].to_string(index=False))
+    cols = ["variant", "platform", "timing_source", "ttft_s", "ttft_iqr_s", "host_busy", "energy_per_token_mj",
+            "cpu_busy_s", "n_npu_calls", "drop_rate", "pad_rate", "score", "accuracy_delta"]
+    print(median_table(df, [c for c in cols if c in df.columns]))
+    for r in df.drop_duplicates(["variant", "platform"]).itertuples():
+        if r.variant != "reference" and pd.notna(getattr(r, "accuracy_lost", None)):
+            print(f"  {r.variant} @ {r.platform}: " + change_statement(
+                r.accuracy_lost, r.accuracy_gained, r.n_samples, r.accuracy_loss_bound, r.accuracy_exact_low,
+                r.accuracy_exact_high))
     report = ablation_report(df)
     if report:
         print("\nablation (TTFT speedup vs npumoe-base):\n" + report)

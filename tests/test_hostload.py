@@ -1,0 +1,86 @@
+"""Noise-aware measurement: `npumoe-lab run --platform cpu` flags its rows host_busy and warns once while a
+synthetic CPU-bound job runs beside it, and does neither on a quiet host."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import warnings
+
+import numpy as np
+import psutil
+import pytest
+
+from npumoe_lab import cli
+from npumoe_lab.devices.hostload import IQR_LIMIT, OTHER_CORES_LIMIT, HostBusyWarning, HostLoad
+from npumoe_lab.experiments.store import load_results
+from npumoe_lab.models import TINY_MODEL_DIR
+
+SPIN = "import time\nt = time.time()\nwhile time.time() - t < 120: pass"
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory):
+    if not (TINY_MODEL_DIR / "tokenizer.json").exists():
+        pytest.skip("bundled tokenizer not present")
+    from tests.model_zoo import save_standin
+    return save_standin(tmp_path_factory.mktemp("standin"), TINY_MODEL_DIR)
+
+
+def _run(standin, out, monkeypatch):
+    monkeypatch.setenv("NPUMOE_CACHE", str(out / "cache"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rc = cli.main(["run", "--model", str(standin), "--workload", "lm-heldout", "--variant",
+                       "reference,npumoe", "--platform", "cpu", "--prompt-len", "256", "--chunk", "128",
+                       "--samples", "1", "--calib-tokens", "1024", "--threads", "1", "--out", str(out / "rows")])
+    assert rc == 0
+    return load_results(out / "rows"), [w for w in caught if issubclass(w.category, HostBusyWarning)]
+
+
+def _others_busy_cores(seconds=1.0) -> float:
+    """Independent reading: cores used by everything but this process over a short window."""
+    me = psutil.Process()
+    t0, a0, m0 = time.perf_counter(), psutil.cpu_times(), sum(me.cpu_times()[:2])
+    time.sleep(seconds)
+    t1, a1, m1 = time.perf_counter(), psutil.cpu_times(), sum(me.cpu_times()[:2])
+    busy = sum(getattr(a1, f) - getattr(a0, f) for f in ("user", "nice", "system", "irq", "softirq"))
+    return (busy - (m1 - m0)) / (t1 - t0)
+
+
+def test_busy_host_flags_rows_and_warns_once(standin, tmp_path, monkeypatch):
+    spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(psutil.cpu_count())]
+    try:
+        time.sleep(0.5)
+        df, warned = _run(standin, tmp_path, monkeypatch)
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    assert len(df) == 2 * 3 and (df.repeat.nunique() == 3)        # measured: 3 repeats by default
+    assert df.host_busy.all(), df[["variant", "host_other_cores", "host_busy_reason"]]
+    assert (df.host_other_cores > OTHER_CORES_LIMIT).all()
+    assert df.host_busy_reason.str.contains("other processes used").all()
+    assert len(warned) == 1 and "host_busy" in str(warned[0].message)
+    # median / IQR stored per configuration, computed over the repeats' TTFT
+    for _, g in df.groupby("variant"):
+        t = g.sort_values("repeat").ttft_s.to_numpy()
+        assert g.ttft_median_s.iloc[0] == pytest.approx(np.median(t))
+        assert g.ttft_iqr_s.iloc[0] == pytest.approx(np.percentile(t, 75) - np.percentile(t, 25))
+
+
+def test_quiet_host_is_not_flagged(standin, tmp_path, monkeypatch):
+    if _others_busy_cores() > OTHER_CORES_LIMIT / 2:
+        pytest.skip("other processes are using this host's CPUs right now: a quiet run cannot be checked")
+    df, warned = _run(standin, tmp_path, monkeypatch)
+    if (df.host_other_cores > OTHER_CORES_LIMIT).any():
+        pytest.skip("another process started using the CPUs during the run")
+    assert not df.host_busy.any(), df[["variant", "host_other_cores", "host_busy_reason"]]
+    assert warned == [] and (df.host_busy_reason == "").all()
+
+
+def test_iqr_over_the_limit_flags_even_without_other_load():
+    load = HostLoad()                                 # nothing measured: no other-load reading
+    spread = load.columns([1.0, 1.0 + 2 * IQR_LIMIT, 1.0 + 4 * IQR_LIMIT])
+    assert spread["host_busy"] and "IQR" in spread["host_busy_reason"]
+    assert not load.columns([1.0, 1.01, 1.02])["host_busy"]
