@@ -20,6 +20,10 @@ SUBCOMMANDS = {
 }
 
 
+# commands whose --out is a file (the others write into a folder)
+OUT_IS_FILE = {"plan"}
+
+
 def build_parser(argv) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="npumoe-lab", description="NPUMoE research workbench")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -44,6 +48,9 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     try:
+        if getattr(args, "out", None):    # before any compute: a late PermissionError would lose the work
+            from .experiments.outdir import check_writable
+            check_writable(args.out, is_file=args.command in OUT_IS_FILE)
         return int(args.func(args) or 0)
     except NpuMoeError as exc:
         print(f"npumoe-lab {args.command}: error: {exc}", file=sys.stderr)

@@ -185,6 +185,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=1)
     a = ap.parse_args(argv)
     try:
+        from .outdir import check_writable
+        check_writable(a.out)
         run_demo(a.out, a.sweep, a.workers)
     except NpuMoeError as exc:
         print(f"error: {exc}", file=sys.stderr)
