@@ -24,12 +24,31 @@ SUBCOMMANDS = {
 OUT_IS_FILE = {"plan"}
 
 
+# one line per command for the top-level --help, which must not import torch/pandas (it answers in < 1 s)
+SUMMARIES = {
+    "train-tiny": "train the bundled tiny MoE (time-budgeted, resumable)",
+    "calibrate": "count expert routing on a workload (calibration profile)",
+    "plan": "build a static capacity/group/residency plan from a calibration profile",
+    "run": "run variants on a workload and write result rows",
+    "platforms": "list the platforms with their sources (and describe this host)",
+    "sweep": "run a notebook over a parameter grid (papermill), resumably",
+    "figures": "make every paper figure the results allow (PDF + PNG)",
+    "convert": "build static NPU graphs (Core ML / ONNX) of a plan",
+}
+
+
 def build_parser(argv) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="npumoe-lab", description="NPUMoE research workbench")
+    parser = argparse.ArgumentParser(prog="npumoe-lab", description="NPUMoE research workbench",
+                                     epilog="`npumoe-lab COMMAND --help` describes a command's options")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = argv[0] if argv else None
+    if wanted in (None, "-h", "--help") or not any(wanted in c for c in SUBCOMMANDS.values()):
+        for commands in SUBCOMMANDS.values():     # names only: argparse lists (or rejects) them
+            for name in commands:
+                sub.add_parser(name, help=SUMMARIES.get(name, ""))
+        return parser
     for module, commands in SUBCOMMANDS.items():
-        if wanted in (None, "-h", "--help") or wanted in commands:
+        if wanted in commands:
             try:
                 mod = importlib.import_module(f"npumoe_lab.{module}")
             except ModuleNotFoundError as exc:  # a part not built yet: keep the others working

@@ -270,7 +270,8 @@ def register_cli(sub):
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cli_run)
     q = sub.add_parser("platforms", help="list the platforms with their sources")
-    q.set_defaults(func=lambda a: print(__import__("npumoe_lab.devices", fromlist=["x"]).format_platforms()) or 0)
+    q.set_defaults(func=lambda a: print(__import__("npumoe_lab.devices.hostcpu", fromlist=["x"]).platforms_report())
+                   or 0)
 
 
 def _cli_run(a: argparse.Namespace) -> int:
