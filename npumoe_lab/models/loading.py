@@ -55,9 +55,11 @@ def load_model(name_or_path, dtype=None, *, attn_implementation: str = "eager"):
     if not family.moe_layers(config):  # checked on the config so a dense model fails before loading weights
         raise NpuMoeError(f"the {config.model_type} model at {path} has no MoE layers (every layer is dense under "
                           f"its config); the workbench needs a model with at least one MoE layer")
+    from ..utils import hf_progress
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch_dtype,
-                                                     attn_implementation=attn_implementation)
+        with hf_progress():   # the weight-loading bar: off under NPUMOE_NO_PROGRESS and in sweep cells
+            model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch_dtype,
+                                                         attn_implementation=attn_implementation)
     except OSError as exc:
         raise NpuMoeError(f"could not load the weights of {path}: {exc}; check the checkpoint files") from exc
     model.eval()

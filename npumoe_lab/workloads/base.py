@@ -60,7 +60,9 @@ def context_limit(tokenizer) -> int | None:
 
 
 def encode(tokenizer, text: str) -> list[int]:
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    """Token ids of a whole text. Texts longer than the context are cut into documents/prompts afterwards, so
+    transformers' "longer than the specified maximum sequence length" warning (meant for model inputs) is off."""
+    return list(tokenizer.encode(text, add_special_tokens=False, verbose=False))
 
 
 def bos_id(tokenizer) -> list[int]:

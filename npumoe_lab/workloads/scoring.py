@@ -68,7 +68,7 @@ def evaluate_sample(model, tokenizer, sample: Sample, workload: Workload, prefil
             first_lp = F.log_softmax(last, dim=-1)
             lls = []
             for ch in sample.choices:
-                c = list(tokenizer.encode(ch, add_special_tokens=False))
+                c = list(tokenizer.encode(ch, add_special_tokens=False, verbose=False))
                 if not c:
                     raise NpuMoeError(f"choice {ch!r} encodes to no tokens")
                 ll = float(first_lp[c[0]])
