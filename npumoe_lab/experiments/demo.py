@@ -103,14 +103,23 @@ def _archive_stale_sweep(sweep_dir: Path, fingerprint: str) -> None:
         print(f"[demo] {sweep_dir} holds rows of another model; moved to {dest}", flush=True)
 
 
+def draw_figures(out: Path) -> list[Path]:
+    """Every figure of the demo: the whole output folder's (the sweep's rows + the calibration profiles ->
+    popularity heatmaps), each platform's baselines on its own too."""
+    from ..plots import make_all_figures, plot_baselines, save_figure
+    from .store import load_results
+    figs = make_all_figures(out, out / "figures")
+    for plat, g in load_results(out / "sweep").groupby("platform"):
+        figs += save_figure(plot_baselines(g), out / "figures", f"baselines-{plat}")
+    return figs
+
+
 def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
     import yaml
 
     from ..models import load_model, model_fingerprint
-    from ..plan import variant_plan
-    from ..plots import make_all_figures, plot_baselines, save_figure
     from ..variants import VARIANTS
-    from .runner import calibration_profile
+    from .runner import PLAN_KNOBS, build_variant_plan, calibration_profile
     from .store import load_results
     from .sweep import run_sweep
     from .sweep_spec import load_spec
@@ -134,8 +143,9 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
         (out / "profiles" / f"chunk{c}" / "summary.txt").write_text(prof.summary().to_string(index=False) + "\n")
         for plat in [x.strip() for x in str(p.get("platforms", "cpu,m2-max")).split(",") if x.strip()]:
             for v in [v for v in VARIANTS.values() if v.experts == "plan"]:
-                # as run_experiment builds it (default knobs: cost-based residency)
-                plan = variant_plan(prof, v.name, model, platform=plat, residency="cost")
+                # exactly the plan run_experiment builds for the sweep's cells (same function, same knobs)
+                knobs = {k: p[k] for k in PLAN_KNOBS if k in p}
+                plan = build_variant_plan(prof, model, v, plat, knobs)
                 plan.save(out / "plans" / f"{v.name}-{plat}-chunk{c}.json")
                 saved_plans[plan.hash] = f"{v.name}-{plat}-chunk{c}.json"
     _archive_stale_sweep(out / "sweep", model_fingerprint(model))
@@ -146,13 +156,8 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
     if not report.ok and not report.done and not report.skipped:
         raise NpuMoeError(f"every cell of the demo sweep failed; see {out / 'sweep' / 'cells'}/*/executed.ipynb")
     print("[demo] drawing figures ...", flush=True)
-    # the whole output folder: the sweep's rows + the calibration profiles (-> popularity heatmaps)
-    figs = make_all_figures(out, out / "figures")
+    figs = draw_figures(out)
     df = load_results(out / "sweep")
-    # one baselines figure per platform too: measured host seconds next to modeled milliseconds on one linear
-    # axis hide the modeled bars
-    for plat, g in df.groupby("platform"):
-        figs += save_figure(plot_baselines(g), out / "figures", f"baselines-{plat}")
     sources = {"model": f"`{model_name}`" + (" (the bundled data/models/npumoe-tiny)" if model_name == "tiny" else ""),
                "sweep": f"`{Path(sweep).relative_to(REPO_ROOT) if Path(sweep).is_relative_to(REPO_ROOT) else sweep}`"
                         f" -> `{out / 'sweep'}` ({len(report.done) + len(report.skipped)} cells ok, "

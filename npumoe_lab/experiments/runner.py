@@ -42,10 +42,17 @@ def calibration_profile(model, tokenizer, workload: str, chunk: int, tokens: int
     return profile
 
 
+def build_variant_plan(profile, model, variant, platform_name: str, knobs: dict):
+    """The plan `run_experiment` runs for a plan-based variant (the demo saves exactly these)."""
+    from ..plan import build_plan
+    kw = {k: v for k, v in knobs.items() if v is not None}
+    kw.update(variant.plan_overrides)
+    return build_plan(profile, model, platform=platform_name, **kw)
+
+
 def _attach_variant(model, variant, specs, profile, platform, knobs, plan, npu_backend=None):
     """Put the model in the variant's configuration; returns the plan used (or None)."""
     from .. import attach, detach
-    from ..plan import build_plan
     detach(model)
     if variant.experts == "hf":
         model.set_experts_implementation("eager")
@@ -57,9 +64,7 @@ def _attach_variant(model, variant, specs, profile, platform, knobs, plan, npu_b
     if plan is not None and variant.name in ("npumoe", "npumoe-spill"):
         used = plan
     else:
-        kw = {k: v for k, v in knobs.items() if v is not None}
-        kw.update(variant.plan_overrides)
-        used = build_plan(profile, model, platform=platform.name, **kw)
+        used = build_variant_plan(profile, model, variant, platform.name, knobs)
     attach(model, used, spill=variant.spill, npu_dtype=npu_dtype, npu_backend=npu_backend)
     return used
 
