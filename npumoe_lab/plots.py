@@ -34,13 +34,12 @@ def plot_baselines(df: pd.DataFrame):
     return fig
 
 
-def _drop_labels(sub) -> dict:
-    """variant -> 'variant (drop x %)': speedups of steps that drop different shares compare different accuracy
-    points, so the drop rate stands next to each bar."""
+def _drop_rates(sub) -> dict:
+    """variant -> median drop rate: speedups of steps that drop different shares compare different accuracy
+    points, so each bar says its drop rate."""
     if "drop_rate" not in sub.columns or not sub["drop_rate"].notna().any():
         return {}
-    d = sub.groupby("variant")["drop_rate"].median()
-    return {v: f"{v} (drop {100 * x:.1f}%)" for v, x in d.items() if pd.notna(x)}
+    return {v: x for v, x in sub.groupby("variant")["drop_rate"].median().items() if pd.notna(x)}
 
 
 @pk.styled
@@ -55,7 +54,7 @@ def plot_ablation(df: pd.DataFrame):
     facets = [(t, g) for t, g in pk.facets(sub_all) if "npumoe-base" in set(g["variant"])]
     ncols = min(len(facets), 2)
     nrows = -(-len(facets) // ncols)
-    fig, axes = pk.figure(nrows, ncols, 3.4, 2.5)
+    fig, axes = pk.figure(nrows, ncols, 3.4, 2.4)
     for i, (title, sub) in enumerate(facets):
         ax = axes[i // ncols][i % ncols]
         st = pk.stats(sub, "ttft_s")
@@ -65,8 +64,12 @@ def plot_ablation(df: pd.DataFrame):
         pk.hbars(ax, st, None, title, source=pk.metric_source(sub, "ttft_s"),
                  xlabel="TTFT speedup vs npumoe-base (×)\nblack ticks: paper (NPUMoE §5.8)")
         order = pk.variant_order(st["variant"])
-        labels = _drop_labels(sub)
-        ax.set_yticks(range(len(order)), [labels.get(v, v) for v in order])
+        if i % ncols:
+            ax.set_yticklabels([""] * len(order))      # the row's first panel names the variants
+        for y, v in enumerate(order):                  # each step's drop rate, at the foot of its bar
+            if v in (drops := _drop_rates(sub)):
+                ax.annotate(f"drop {100 * drops[v]:.1f}%", (0, y), xytext=(2, 0), textcoords="offset points",
+                            va="center", fontsize=5, color="0.15")
         ax.scatter([PAPER_ABLATION[v] for v in order], range(len(order)), marker="|", s=120, linewidths=2,
                    color="black", zorder=4)
         ax.axvline(1.0, color="0.5", lw=0.8, ls=":")
@@ -130,7 +133,7 @@ def plot_popularity_heatmaps(profiles: dict, vmax: float | None = None):
     shares = {name: _load_share(p) for name, p in profiles.items()}
     top = vmax if vmax is not None else max(float(np.nanmax(sh.to_numpy())) for sh in shares.values())
     first = next(iter(shares.values()))
-    w, h = max(1.6, 0.25 * first.shape[1] + 1.0), max(2.5, 0.09 * first.shape[0] + 1)
+    w, h = max(2.4, 0.3 * first.shape[1] + 1.2), max(3.0, 0.09 * first.shape[0] + 1.6)
     fig, axes = pk.figure(1, len(shares), w, h)
     for ax, (name, share) in zip(axes[0], shares.items()):
         im = ax.imshow(share.to_numpy(), aspect="auto", cmap="viridis", interpolation="nearest", vmin=0.0, vmax=top)
@@ -141,7 +144,8 @@ def plot_popularity_heatmaps(profiles: dict, vmax: float | None = None):
         ax.set_yticks(list(range(0, share.shape[0], step)), [str(share.index[i]) for i in range(0, share.shape[0], step)])
         ax.grid(False)
         ax.set_title(name or "expert popularity (calibration)", fontsize=7)
-    fig.colorbar(im, ax=list(axes[0]), label="load share (% of layer's assignments)")
+    fig.colorbar(im, ax=list(axes[0]), label="load share (% of layer's assignments)", location="bottom",
+                 shrink=0.8, aspect=30)
     return fig
 
 

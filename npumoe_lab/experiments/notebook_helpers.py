@@ -59,6 +59,7 @@ def prefill_rows(results: dict, model: str, workload: str, variant: str, prompt_
                  plan=None) -> pd.DataFrame:
     """Result rows (the store's schema) from `{platform name: PrefillResult}` of `npumoe_lab.prefill` calls."""
     from ..devices import get_platform
+    from ..utils import host_description
     rows = []
     for plat_name, res in results.items():
         plat = get_platform(plat_name)
@@ -71,7 +72,7 @@ def prefill_rows(results: dict, model: str, workload: str, variant: str, prompt_
                      "drop_rate": sum(st.dropped for _, _, st in stats) / routed if routed else 0.0,
                      "pad_rate": sum(st.padded for _, _, st in stats) / slots if slots else 0.0,
                      "platform_profile": plat.name, "platform_hash": plat.hash, "platform_kind": plat.kind,
-                     "plan_hash": getattr(plan, "hash", None)})
+                     "plan_hash": getattr(plan, "hash", None), "host": host_description()})
     return pd.DataFrame(rows)
 
 
