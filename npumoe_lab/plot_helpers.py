@@ -106,7 +106,8 @@ def metric_source(rows: pd.DataFrame, metric: str = "ttft_s") -> str:
         return "timing source not recorded"
     keys = [c for c in ("timing_source", "energy_source", "platform", "host") if c in rows]
     parts = [_one_source(r, metric) for _, r in rows.drop_duplicates(keys).iterrows()]
-    return "; ".join(sorted(dict.fromkeys(parts)))
+    busy = "host_busy" in rows.columns and rows["host_busy"].fillna(False).astype(bool).any()
+    return "; ".join(sorted(dict.fromkeys(parts))) + (" [HOST BUSY: see host_busy_reason]" if busy else "")
 
 
 def source_label(rows: pd.DataFrame) -> str:
@@ -222,7 +223,9 @@ def auto_scale(ax, values, axis: str = "y") -> None:
         return
     setter = ax.set_xscale if axis == "x" else ax.set_yscale
     if (v == 0).any():
-        setter("symlog", linthresh=float(pos.min()))
+        # linear below 1/1000 of the largest value: rounding noise (a dropless KL of 1e-10) is shown as ~0
+        # instead of stretching the axis over ten empty decades
+        setter("symlog", linthresh=float(10 ** np.floor(np.log10(max(pos.min(), pos.max() * 1e-3)))))
     else:
         setter("log")
 

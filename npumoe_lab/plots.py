@@ -220,13 +220,18 @@ def _y_label(sub, metric, ci) -> str:
 def _scatter(df, x, ys):
     """y metrics against x, one row of panels per facet, colour = variant, one figure legend."""
     facets = pk.facets(df.dropna(subset=[x]).dropna(subset=ys, how="all"))
-    fig, axes = pk.figure(len(facets), len(ys), 3.0, 2.4)
+    # one metric: facets wrap into two columns; several: one row of metrics per facet
+    wrap = 2 if len(ys) == 1 and len(facets) > 1 else None
+    shape = (-(-len(facets) // wrap), wrap) if wrap else (len(facets), len(ys))
+    fig, axes = pk.figure(*shape, 3.0, 2.4)
+    for j in range(len(facets), shape[0] * shape[1] if wrap else 0):
+        axes[j // wrap][j % wrap].set_visible(False)
     variants, knob_entries = set(), {}
     for r, (title, sub) in enumerate(facets):
         keys = pk.config(sub)
         sx = pk.stats(sub, x)
         for c, y in enumerate(ys):
-            ax = axes[r][c]
+            ax = axes[r // wrap][r % wrap] if wrap else axes[r][c]
             st = pk.stats(sub, y).merge(sx, on=keys, suffixes=("", "_x"))
             ci = _ci_columns(sub, y)
             if ci:  # the stored bounds beat the spread of repeats

@@ -49,6 +49,12 @@ def summary_markdown(df: pd.DataFrame, sources: dict) -> str:
               "(the device cost model of `npumoe_lab/devices/platforms/<name>.yaml`, with its sourced parameters; "
               "`npumoe-lab platforms` lists them). Numerics (drop rate, score) are real in both: the model runs on "
               "this CPU.", ""]
+    if "host_busy" in df.columns and df["host_busy"].fillna(False).astype(bool).any():
+        busy = df[df["host_busy"].fillna(False).astype(bool)]
+        lines += [f"**Measured rows were taken on a busy host** ({len(busy)} of "
+                  f"{int((df.get('platform_kind') == 'measured').sum()) or len(busy)} measured rows flagged "
+                  f"`host_busy`; e.g. {busy['host_busy_reason'].iloc[0]}): their times are not what a quiet "
+                  "machine gives. Modeled rows are unaffected.", ""]
     for (p, c), g in df.groupby(["prompt_len", "chunk"]):
         lines += [f"## prompt {p} tokens, chunk {c} (median of {int(g.groupby(['variant', 'platform']).size().max())}"
                   f" row(s) per cell)", "",
@@ -72,8 +78,22 @@ def summary_markdown(df: pd.DataFrame, sources: dict) -> str:
             cells = [f"{t['npumoe-base'] / t[v]:.2f}x (paper {PAPER_ABLATION_SPEEDUP[v]:.2f}x)" if v in t else "-"
                      for v in ABLATION]
             lines.append(f"| {plat} | {pg.timing_source.iloc[0]} | " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += ["", *_accuracy_lines(g), ""]
     return "\n".join(lines)
+
+
+def _accuracy_lines(g: pd.DataFrame) -> list[str]:
+    """Exact bounds of each variant's accuracy change (discordant pairs), with top-1 agreement and KL, which
+    still move when the task score saturates."""
+    from ..stats import change_statement
+    if "accuracy_lost" not in g.columns:
+        return []
+    out = ["Accuracy vs reference (same samples; exact 95% bounds from the discordant pairs):", ""]
+    for r in g[g.variant != "reference"].drop_duplicates(["variant", "platform"]).itertuples():
+        out.append(f"- {r.variant} @ {r.platform}: " + change_statement(
+            r.accuracy_lost, r.accuracy_gained, r.n_samples, r.accuracy_loss_bound, r.accuracy_exact_low,
+            r.accuracy_exact_high) + f"; top-1 agreement {r.top1_agree:.3f}, KL {r.kl:.3g}")
+    return out
 
 
 def _plan_check(df: pd.DataFrame, saved: dict) -> str:
