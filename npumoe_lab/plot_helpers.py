@@ -25,11 +25,11 @@ VARIANT_ORDER = ("reference", "cpu-only", "naive-npu", "anemll", "npumoe-base", 
                  "npumoe", "npumoe-spill")
 # Columns that define one configuration: a point/bar aggregates only over `repeat`.
 CONFIG = ("model", "workload", "platform", "variant", "prompt_len", "chunk", "n_tiers", "group_size",
-          "hot_threshold")
+          "hot_threshold", "percentile")
 ROW_FACETS = ("platform", "timing_source")           # never two platforms / timing sources on one axis
 COL_FACETS = ("model", "workload", "prompt_len", "chunk")
 FACETS = ("model", "workload")                        # kept for callers of the old name
-SWEEP_KNOBS = ("group_size", "hot_threshold", "n_tiers")
+SWEEP_KNOBS = ("group_size", "hot_threshold", "n_tiers", "percentile")
 NOT_CONFIG = {"repeat", "plan_hash", "platform_hash", "model_fingerprint", "platform_profile", "git_commit",
               "versions", "host", "created", "score_name", "median", "lo", "hi", "n", "base", "host_busy_reason",
               "npu_backend", "platform_kind", "energy_note"}

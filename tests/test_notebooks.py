@@ -248,6 +248,12 @@ def test_summary_markdown_ablation_ratios():
             for p, src, scale in (("cpu", "measured", 100.0), ("m2-max", "modeled", 1.0))
             for v, t in (("reference", 0.5), ("npumoe-base", 2.0), ("npumoe-t", 1.0), ("npumoe", 0.5))
             for t in [t * scale]]
-    md = summary_markdown(pd.DataFrame(rows), {"model": "`tiny`"})
-    assert "| m2-max | modeled | 1.00x (paper 1.00x) | 2.00x (paper 1.48x) | - | 4.00x (paper 2.89x) |" in md
+    matched = [dict(r, percentile=100.0, drop_rate=0.0, ttft_s=r["ttft_s"] * (2 if r["variant"] == "npumoe-t" else 1))
+               for r in rows if r["platform"] == "m2-max" and r["variant"] != "reference"]
+    md = summary_markdown(pd.DataFrame(rows + matched), {"model": "`tiny`"})
+    assert ("| m2-max | modeled | 1.00x at 1.0% drop (paper 1.00x) | 2.00x at 1.0% drop (paper 1.48x) | - | "
+            "4.00x at 1.0% drop (paper 2.89x) |") in md
+    assert "matched drop rate (every step's capacities at load percentile 100)" in md
+    assert ("| m2-max | modeled | 1.00x at 0.0% drop (paper 1.00x) | 1.00x at 0.0% drop (paper 1.48x) | - | "
+            "4.00x at 0.0% drop (paper 2.89x) |") in md
     assert "| cpu | measured |" in md and "| npumoe | m2-max | modeled | 0.5 |" in md

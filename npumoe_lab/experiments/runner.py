@@ -230,8 +230,10 @@ def ablation_report(df: pd.DataFrame) -> str:
         if "npumoe-base" not in t:
             continue
         src = g.timing_source.iloc[0]
-        parts = [f"{v} {t['npumoe-base'] / t[v]:.2f}x (paper {PAPER_ABLATION_SPEEDUP[v]:.2f}x)"
-                 for v in ABLATION if v in t]
+        drop = g.groupby("variant").drop_rate.median() if "drop_rate" in g else {}
+        # each speedup at its own drop rate: steps that drop different shares are different accuracy points
+        parts = [f"{v} {t['npumoe-base'] / t[v]:.2f}x at drop {100 * drop.get(v, float('nan')):.1f}% "
+                 f"(paper {PAPER_ABLATION_SPEEDUP[v]:.2f}x)" for v in ABLATION if v in t]
         lines.append(f"[{src} {plat}] prompt {p}, chunk {c}: " + ", ".join(parts))
     return "\n".join(lines)
 
