@@ -92,5 +92,5 @@ def warn_if_busy(rows) -> bool:
     cells = sorted({f"{r['variant']}@{r['platform']}: {r['host_busy_reason']}" for r in busy})
     shown = "; ".join(cells[:4]) + (f"; ... ({len(cells) - 4} more)" if len(cells) > 4 else "")
     warnings.warn(f"measured timings taken on a busy host ({shown}); rows are flagged host_busy=True. Re-run on a "
-                  "quiet machine or with more --repeats before trusting them.", HostBusyWarning, stacklevel=3)
+                  "quiet machine or with more --repeats before trusting them.", HostBusyWarning, stacklevel=4)
     return True

@@ -1,7 +1,7 @@
 """Notebook sweeps: run one papermill execution per grid cell, resumably, on a local pool or a Dask cluster.
 
 Output layout (DIR = --out):
-  DIR/sweep.json                       the merged spec and the cells (rewritten on each run)
+  DIR/sweep.json                       every run's spec and cells, merged under a lock (sweep_record.py)
   DIR/_sweep/<stem>-<hash>.ipynb        the notebook as run (jupytext .py converted, kernelspec set)
   DIR/cells/<key>/executed.ipynb       papermill's output notebook (keeps the traceback of a failure)
   DIR/cells/<key>/rows-*.parquet       the rows the notebook wrote with write_rows(rows, out_dir)
