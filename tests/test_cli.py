@@ -64,3 +64,21 @@ def test_host_description_comes_from_cpuinfo(tmp_path):
     out = subprocess.run([sys.executable, "-m", "npumoe_lab", "platforms"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0 and f"This host (the measured `cpu` platform): {model}" in out.stdout
+
+
+def test_loading_the_bundled_model_is_quiet_under_no_progress():
+    """No weight-loading bar under NPUMOE_NO_PROGRESS=1 (there is one without it), and no max-length warning when
+    a text longer than the context is tokenized to be cut into prompts."""
+    from npumoe_lab.models import TINY_MODEL_DIR
+    if not (TINY_MODEL_DIR / "model.safetensors").exists():
+        import pytest
+        pytest.skip("bundled tiny model not present")
+    code = ("import npumoe_lab as nl\nfrom npumoe_lab.workloads.base import encode\n"
+            "m, tok = nl.load_model('tiny')\nassert len(encode(tok, 'hello world ' * 3000)) > 2304\n")
+    import os
+    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "NPUMOE_NO_PROGRESS": "1"})
+    assert quiet.returncode == 0 and quiet.stderr.strip() == "", quiet.stderr[-500:]
+    loud = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k not in ("NPUMOE_NO_PROGRESS", "NPUMOE_IN_SWEEP")})
+    assert "Loading weights" in loud.stderr and "maximum sequence length" not in loud.stderr
