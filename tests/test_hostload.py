@@ -84,3 +84,23 @@ def test_iqr_over_the_limit_flags_even_without_other_load():
     spread = load.columns([1.0, 1.0 + 2 * IQR_LIMIT, 1.0 + 4 * IQR_LIMIT])
     assert spread["host_busy"] and "IQR" in spread["host_busy_reason"]
     assert not load.columns([1.0, 1.01, 1.02])["host_busy"]
+
+
+def test_repeats_interleave_the_variants(standin, tmp_path, monkeypatch):
+    """Within each repeat and sample every variant runs once before the next repeat starts (a slow spell of the
+    host then hits all variants alike), and a modeled platform gets one repeat by default."""
+    from npumoe_lab.experiments import interleave
+    from npumoe_lab.experiments.runner import run_experiment
+    monkeypatch.setenv("NPUMOE_CACHE", str(tmp_path / "cache"))
+    order, restore = [], interleave.restore
+    monkeypatch.setattr(interleave, "restore", lambda model, snap: (order.append(id(snap[0])), restore(model, snap)))
+    df = run_experiment(model=str(standin), workload="lm-heldout", variants="reference,npumoe-base,npumoe",
+                        platforms="m2-max", prompt_len=256, chunk=128, n_samples=2, calib_tokens=1024, warmup=0,
+                        repeats=2)
+    assert len(order) == 2 * 2 * 3 and len(set(order)) == 3
+    first = order[:3]
+    assert order == first * 4                 # ref, base, npumoe, ref, base, npumoe, ... never ref, ref, ...
+    assert sorted(df.repeat.unique()) == [0, 1]
+    one = run_experiment(model=str(standin), workload="lm-heldout", variants="npumoe", platforms="m2-max",
+                         prompt_len=256, chunk=128, n_samples=1, calib_tokens=1024, warmup=0)
+    assert list(one.repeat) == [0] and "host_busy" not in one.columns   # host load concerns measured rows only
