@@ -104,3 +104,25 @@ def test_repeats_interleave_the_variants(standin, tmp_path, monkeypatch):
     one = run_experiment(model=str(standin), workload="lm-heldout", variants="npumoe", platforms="m2-max",
                          prompt_len=256, chunk=128, n_samples=1, calib_tokens=1024, warmup=0)
     assert list(one.repeat) == [0] and "host_busy" not in one.columns   # host load concerns measured rows only
+
+
+def _load_with(monkeypatch, *readings):
+    load = HostLoad()
+    load.n_cpus = 2
+    it = iter(readings)
+    monkeypatch.setattr(load, "_snapshot", lambda: next(it))
+    with load.measuring():
+        pass
+    return load.columns([1.0, 1.0, 1.0])
+
+
+def test_host_load_arithmetic_on_fixed_counter_readings(monkeypatch):
+    """others' cores = (system busy - steal - own) / wall, steal share = steal / (wall x cpus), on hand-made
+    (time, system busy, steal, own CPU) readings: independent of what else runs on the test machine."""
+    quiet = _load_with(monkeypatch, (10.0, 100.0, 5.0, 40.0), (12.0, 102.0, 5.0, 42.0))   # all busy time ours
+    assert quiet["host_other_cores"] == 0.0 and quiet["host_steal_frac"] == 0.0
+    assert not quiet["host_busy"] and quiet["host_busy_reason"] == ""
+    busy = _load_with(monkeypatch, (20.0, 200.0, 5.0, 50.0), (22.0, 205.0, 5.4, 52.0))
+    # others: 5 - 0.4 - 2 = 2.6 s over 2 s wall; steal 0.4 s over 2 s x 2 cpus
+    assert busy["host_other_cores"] == pytest.approx(1.3) and busy["host_steal_frac"] == pytest.approx(0.1)
+    assert busy["host_busy"] and busy["host_busy_reason"] == "other processes used 1.30 cores; steal 10%"
