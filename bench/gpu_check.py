@@ -107,7 +107,7 @@ def run(args) -> str:
         chunks = sample_chunks(shares, T, K, args.calib_chunks + 1, args.seed + T, dtype)
         (idx, w), calib = chunks[0], chunks[1:]
         counts = np.stack([counts_of(i, E) for i, _ in calib], 1)
-        plan, ta = build_plan(counts, T, K, E, H, I, "optimal", None, args.group_size, drop_budget=0.02)
+        plan, ta, _ = build_plan(counts, T, K, E, H, I, "optimal", None, args.group_size, drop_budget=0.02)
         layout, _, gweights = PlanExecutor(plan, [handle], cpu_kernel="torch")._compiled(handle)  # stacked
         idx, w = idx.to(dev), w.to(dev)
         hidden = torch.randn(T, H, generator=torch.Generator().manual_seed(args.seed)).to(dev, dtype)

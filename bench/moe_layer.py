@@ -33,12 +33,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from npumoe_lab.clock import NullClock  # noqa: E402  (after the path insert: bench runs from a checkout)
+from npumoe_lab.layout import ExecutionLayout  # noqa: E402
+from npumoe_lab.ops import ChunkContext, chunk_scope  # noqa: E402
+from npumoe_lab.sim.routing import sample_routing, stretch  # noqa: E402  (the simulation's routing sampler)
 
 GEOMETRIES = {  # expert geometry of the real models (E experts, top-K, hidden H, expert intermediate I)
     "qwen3-30b-a3b": dict(family="qwen3_moe", E=128, K=8, H=2048, I=768),
@@ -92,14 +97,6 @@ def measure_peaks(dtype, repeats: int = 5) -> tuple[float, float]:
 
 
 # -- routing ------------------------------------------------------------------------------------------------
-def stretch(shares: np.ndarray, n: int) -> np.ndarray:
-    """A sorted share curve of m experts resampled at n points (same shape over the rank fraction)."""
-    s = np.sort(np.asarray(shares, dtype=float))[::-1]
-    x = (np.arange(len(s)) + 0.5) / len(s)
-    out = np.interp((np.arange(n) + 0.5) / n, x, s)
-    return out / out.sum()
-
-
 def load_shares(E: int, layer: int = 1, chunk: int = 256, tokens: int = 4096) -> tuple[np.ndarray, str]:
     """Per-expert load shares [E] (hottest first) and where they came from."""
     from npumoe_lab.models.loading import TINY_MODEL_DIR
@@ -120,25 +117,12 @@ def load_shares(E: int, layer: int = 1, chunk: int = 256, tokens: int = 4096) ->
     return p / p.sum(), f"Zipf fallback: share ~ (rank + {r0:g})^-{s:g} (no data/models/npumoe-tiny)"
 
 
-def sample_routing(shares, T: int, K: int, gen: torch.Generator, dtype, perm=None):
-    """(top_k_index [T, K], top_k_weights [T, K]): K distinct experts per token drawn ~ shares (Gumbel top-k),
-    weights = softmax over the drawn scores (renormalised top-k, as Qwen3 routes). `perm` maps share rank to
-    expert id, so hot experts are not simply the lowest ids."""
-    E = len(shares)
-    logp = torch.log(torch.as_tensor(shares, dtype=torch.float32))
-    if perm is not None:
-        logp = torch.empty_like(logp).index_copy_(0, perm, logp)
-    gumbel = -torch.log(-torch.log(torch.rand(T, E, generator=gen).clamp_min(1e-20)))
-    v, idx = (logp + gumbel).topk(K, dim=1)
-    return idx, torch.softmax(v, dim=1).to(dtype)
-
-
 def sample_chunks(shares, T, K, n, seed, dtype):
     """n chunks of routing from one distribution (the same hot experts in every chunk: calibration and the
     timed chunk come from the same deployment)."""
-    g = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(len(shares), generator=g)
-    return [sample_routing(shares, T, K, g, dtype, perm) for _ in range(n)]
+    g = np.random.default_rng(seed)
+    perm = g.permutation(len(shares))
+    return [(idx, w.to(dtype)) for idx, w in (sample_routing(shares, T, K, g, perm) for _ in range(n))]
 
 
 # -- plan ---------------------------------------------------------------------------------------------------
@@ -151,7 +135,8 @@ PERCENTILES = (20, 30, 40, 50, 60, 70, 75, 80, 85, 90, 95, 100)
 
 def build_plan(per_chunk_counts, chunk, K, E, H, I, rule="optimal", percentile=None, group_size=16, layer=0,
                drop_budget=0.02):
-    """A plan dict with one layer: 3 capacity tiers (assign_tiers) and groups of same-tier experts.
+    """(ExecutionLayout of one layer, tier assignment, percentile): 3 capacity tiers (assign_tiers) and groups of
+    same-tier experts.
     percentile=None: the lowest of PERCENTILES whose tiers, fitted on half of the calibration chunks, drop at most
     drop_budget on the other half (held out, so the choice is not fooled by sampling noise); the final tiers are
     fitted on all chunks. Padding costs compute on every chunk, so the planner trades a little accuracy for it."""
@@ -165,12 +150,11 @@ def build_plan(per_chunk_counts, chunk, K, E, H, I, rule="optimal", percentile=N
             assign_tiers(fit, chunk, K, E, n_tiers=3, percentile=p, rule=rule), held) <= drop_budget), 100)
     ta = assign_tiers(counts, chunk, K, E, n_tiers=3, percentile=pct, rule=rule)
     groups = make_groups(ta.tier, ta.capacity, counts.mean(1), group_size, hidden=H, intermediate=I)
-    lp = {"layer": layer, "n_experts": E, "top_k": K, "tier_capacities": list(ta.tier_capacities),
-          "percentile": pct, "groups": [{**g.to_dict(), "resident": True} for g in groups]}
-    return {"saliency": "weight_x_norm", "renormalize": False, "layers": [lp]}, ta
+    spec = SimpleNamespace(layer=layer, n_experts=E, top_k=K, hidden=H, intermediate=I)
+    return ExecutionLayout.build([spec], {layer: [(g.experts, g.capacity, True) for g in groups]}), ta, pct
 
 
-def build_plan_group_caps(per_chunk_counts, chunk, group=16, drop_budget=0.02, align=8):
+def build_plan_group_caps(per_chunk_counts, chunk, K, H, I, group=16, drop_budget=0.02, align=8):
     """Not a 3-tier plan (the comparison that shows what tiering costs): experts sorted by need, cut into groups
     of `group`, each group its own capacity = its largest need (aligned). On an NPU every group is its own graph
     anyway, so per-group capacities add no graphs; they only cut padding. Percentile chosen as in build_plan."""
@@ -188,9 +172,9 @@ def build_plan_group_caps(per_chunk_counts, chunk, group=16, drop_budget=0.02, a
         return cap, order
     pct = next((p for p in PERCENTILES if expected_drop_rate(caps(fit, p)[0], held) <= drop_budget), 100)
     cap, order = caps(counts, pct)
-    groups = [{"id": j, "experts": [int(e) for e in order[i:i + group]], "capacity": int(cap[order[i]]),
-               "resident": True} for j, i in enumerate(range(0, len(order), group))]
-    return {"saliency": "weight_x_norm", "renormalize": False, "layers": [{"layer": 0, "groups": groups}]}
+    groups = [(order[i:i + group], int(cap[order[i]]), True) for i in range(0, len(order), group)]
+    spec = SimpleNamespace(layer=0, n_experts=len(cap), top_k=K, hidden=H, intermediate=I)
+    return ExecutionLayout.build([spec], {0: groups})
 
 
 def hf_experts(geom, dtype, seed=0):
@@ -213,21 +197,29 @@ def hf_experts(geom, dtype, seed=0):
     return m
 
 
-class TimingClock:
-    """Engine clock that times every op of PlanExecutor.__call__ (dispatch, pack, group*, scatter)."""
+class TimingClock(NullClock):
+    """Engine clock that times every op of PlanExecutor.execute (dispatch, pack, group*, scatter) by kind."""
 
     def __init__(self):
-        self.chunk, self.pad_mask, self.times, self.stats = 0, None, {}, None
+        self.times, self.stats = {}, None
 
-    def op(self, name, role, layer, cost, fn, *args, deps=()):
+    def run(self, op, fn, *args, deps=None):
         t0 = time.perf_counter()
         out = fn(*args)
-        key = "groups" if name.startswith("group") else name
+        key = "groups" if op.kind == "expert_group" else op.name
         self.times.setdefault(key, []).append(time.perf_counter() - t0)
         return out, None
 
-    def layer_stats(self, layer, stats):
+    def layer_stats(self, chunk, layer, stats):
         self.stats = stats
+
+
+def timed_by(executor, clock, handle, T):
+    """executor(handle, ...) with every op going to `clock` (a one-chunk context of T tokens)."""
+    def call(hidden, idx, w):
+        with chunk_scope(ChunkContext(index=0, past=0, n_real=T, length=T, clock=clock)):
+            return executor(handle, hidden, idx, w)
+    return call
 
 
 # -- the layer benchmark ------------------------------------------------------------------------------------
@@ -245,20 +237,22 @@ def bench_layer(gname, dtype_name, chunks, args, shares, peaks) -> list[dict]:
         calib = sample_chunks(shares, T, K, args.calib_chunks + 1, args.seed + T, dtype)
         (idx, w), calib = calib[0], calib[1:]
         counts = np.stack([counts_of(i, E) for i, _ in calib], 1)
-        plan, ta = build_plan(counts, T, K, E, H, I, args.tier_rule, args.percentile, args.group_size,
-                              drop_budget=args.drop_budget)
+        plan, ta, pct = build_plan(counts, T, K, E, H, I, args.tier_rule, args.percentile, args.group_size,
+                                   drop_budget=args.drop_budget)
         load = counts_of(idx, E)
-        plan_dl, _ = build_plan(load[:, None], T, K, E, H, I, args.tier_rule, 100.0, args.group_size)
+        plan_dl = build_plan(load[:, None], T, K, E, H, I, args.tier_rule, 100.0, args.group_size)[0]
         hidden = torch.randn(T, H, generator=torch.Generator().manual_seed(args.seed), dtype=torch.float32).to(dtype)
         clock = TimingClock()
         kw = dict(cpu_kernel=args.cpu_kernel, pad_rows="compute")
-        static = PlanExecutor(plan, [handle], clock=clock, **kw)
+        static = PlanExecutor(plan, [handle], **kw)
         skip = dict(kw, pad_rows="skip")             # siblings share static's packed weights (one copy in memory)
-        static_cpu = static.sibling(clock=(cpu_clock := TimingClock()), **skip)
+        static_cpu = static.sibling(**skip)
         static_dl, static_dl_cpu = static.sibling(plan_dl, **kw), static.sibling(plan_dl, **skip)
         static_bf16 = static.sibling(npu_dtype=torch.bfloat16, **kw) if dtype != torch.bfloat16 else None
-        static_gc = static.sibling(build_plan_group_caps(counts, T, 16, args.drop_budget),
-                                   clock=(gc_clock := TimingClock()), **kw)
+        static_gc = static.sibling(build_plan_group_caps(counts, T, K, H, I, 16, args.drop_budget), **kw)
+        run_static, run_cpu, run_gc = (timed_by(static, clock, handle, T),
+                                       timed_by(static_cpu, cpu_clock := TimingClock(), handle, T),
+                                       timed_by(static_gc, gc_clock := TimingClock(), handle, T))
         layout, _, gweights = static._compiled(handle)
         disp, _ = plan_dispatch(idx, w, layout)
         packed, work, out = pack(hidden, disp), Workspace(), torch.empty(layout.total_rows, H, dtype=dtype)
@@ -279,12 +273,12 @@ def bench_layer(gname, dtype_name, chunks, args, shares, peaks) -> list[dict]:
                 return experts(hidden, idx, w)
             return run
         fns = {"hf-eager": hf("eager"), "hf-grouped_mm": hf("grouped_mm"),
-               "static-3tier": lambda: static(handle, hidden, idx, w),
-               "static-3tier-cpu": lambda: static_cpu(handle, hidden, idx, w),
+               "static-3tier": lambda: run_static(hidden, idx, w),
+               "static-3tier-cpu": lambda: run_cpu(hidden, idx, w),
                "static-dropless": lambda: static_dl(handle, hidden, idx, w),
                "static-dropless-cpu": lambda: static_dl_cpu(handle, hidden, idx, w),
                "dropless-dynamic": lambda: dropless_experts(handle.weights, hidden, idx, w),
-               "bare-gemm": bare, "static-groupcaps16": lambda: static_gc(handle, hidden, idx, w)}
+               "bare-gemm": bare, "static-groupcaps16": lambda: run_gc(hidden, idx, w)}
         if static_bf16 is not None:   # the "NPU" computes in bf16 (weights cast once per plan) on fp32 activations
             fns["static-3tier-bf16"] = lambda: static_bf16(handle, hidden, idx, w)
         if args.variants:
@@ -308,7 +302,7 @@ def bench_layer(gname, dtype_name, chunks, args, shares, peaks) -> list[dict]:
         t_cpu = statistics.median(ts["static-3tier-cpu"]) if "static-3tier-cpu" in ts else float("nan")
         share_cpu = {k: statistics.median(v) / t_cpu for k, v in cpu_clock.times.items()}
         meta = dict(geometry=gname, dtype=dtype_name, chunk=T, tiers=tuple(ta.tier_capacities),
-                    percentile=plan["layers"][0]["percentile"],
+                    percentile=pct,
                     n_groups=len(layout.groups), slots=layout.total_rows, routed=T * K,
                     drop_pct=100 * st.dropped / max(st.routed, 1), pad_pct=100 * st.padded / max(st.slots, 1),
                     pack_scatter_pct=100 * (share.get("pack", 0) + share.get("scatter", 0)),

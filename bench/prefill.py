@@ -14,11 +14,14 @@ prefill_tokens_per_s: a 4-layer model at Qwen3-30B-A3B geometry (random weights,
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 from moe_layer import build_plan, med_iqr, time_interleaved
+from npumoe_lab.clock import NullClock  # noqa: E402  (moe_layer put the checkout on sys.path)
+from npumoe_lab.ops import ChunkContext, chunk_scope  # noqa: E402
 
 
 def _tiny_model():
@@ -96,28 +99,36 @@ def _plan_for(model, prompts, args, percentile=None):
             counts[rec.layer].append(np.bincount(rec.topk_idx.reshape(-1).numpy(), minlength=specs[rec.layer].n_experts))
     layers, T = [], prompts[0].shape[1]
     for layer, s in specs.items():
-        plan, _ = build_plan(np.stack(counts[layer], 1), T, s.top_k, s.n_experts, s.hidden, s.intermediate,
+        plan = build_plan(np.stack(counts[layer], 1), T, s.top_k, s.n_experts, s.hidden, s.intermediate,
                              args.tier_rule, percentile, args.group_size, layer=layer,
-                             drop_budget=args.prefill_drop_budget)
-        layers += plan["layers"]
-    slots = sum(g["capacity"] * len(g["experts"]) for lp in layers for g in lp["groups"])
+                          drop_budget=args.prefill_drop_budget)[0]
+        layers += plan.layers
+    slots = sum(g.capacity * len(g.experts) for lay in layers for g in lay.groups)
     k = next(iter(specs.values())).top_k
-    return {"saliency": "weight_x_norm", "renormalize": False, "layers": layers}, slots / (len(layers) * T * k)
+    return replace(plan, layers=tuple(layers), chunk=T), slots / (len(layers) * T * k)
 
 
-class _DropCounter:
+class _DropCounter(NullClock):
     """Engine clock that runs ops untimed and sums the drop accounting of every layer call."""
-    chunk, pad_mask = 0, None
 
     def __init__(self):
         self.routed = self.dropped = 0
 
-    def op(self, name, role, layer, cost, fn, *args, deps=()):
-        return fn(*args), None
-
-    def layer_stats(self, layer, st):
+    def layer_stats(self, chunk, layer, st):
         self.routed += st.routed
         self.dropped += st.dropped
+
+
+class _Counted:
+    """An executor whose ops (and drop counts) go to its own _DropCounter: one chunk of the whole prompt."""
+
+    def __init__(self, executor):
+        self.executor, self.clock = executor, _DropCounter()
+
+    def __call__(self, handle, hidden, idx, w):
+        T = hidden.shape[0]
+        with chunk_scope(ChunkContext(index=0, past=0, n_real=T, length=T, clock=self.clock)):
+            return self.executor(handle, hidden, idx, w)
 
 
 def _skip_experts(module, hidden_states, top_k_index, top_k_weights):
@@ -163,10 +174,9 @@ def prefill_tokens_per_s(args) -> str:
             return go
         for block, (plan, spr) in (("A", _plan_for(model, calib, args)), ("B", _plan_for(model, [ids], args, 100))):
             nl.attach(model, plan, pad_rows="compute")
-            static_ex = model._npumoe.executor
-            static_ex.clock = _DropCounter()
+            static_ex = _Counted(model._npumoe.executor)
             what = "calibrated" if block == "A" else "fitted"
-            cpu_ex = static_ex.sibling(clock=_DropCounter(), pad_rows="skip", spill=block == "A")
+            cpu_ex = _Counted(static_ex.executor.sibling(pad_rows="skip", spill=block == "A"))
             fns = {"HF eager": run("eager"), "HF grouped_mm": run("grouped_mm"),
                    f"static ({what}; static graphs)": run("npumoe", static_ex),
                    f"static ({what}; CPU{', spill' if block == 'A' else ''})": run("npumoe", cpu_ex),
@@ -186,7 +196,7 @@ def prefill_tokens_per_s(args) -> str:
             if block == "A":    # Amdahl: what any experts path can give when the rest of the forward stays HF's
                 t_e, t_rest = prompt / tps["HF eager"], prompt / tps.pop("experts skipped (the rest of the forward)")
                 cfg = model.config
-                t_roof = (len(plan["layers"]) * prompt * cfg.num_experts_per_tok * 6 * cfg.hidden_size
+                t_roof = (len(plan.layers) * prompt * cfg.num_experts_per_tok * 6 * cfg.hidden_size
                           * cfg.moe_intermediate_size / peak)
                 bounds.append(f"- prompt {prompt}: the experts are {100 * (t_e - t_rest) / t_e:.0f} % of HF eager's "
                               f"forward ({1e3 * t_e:.0f} ms; the rest {1e3 * t_rest:.0f} ms). Bound on the speedup "

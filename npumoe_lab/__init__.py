@@ -10,6 +10,7 @@ Public API (names are fixed: notebooks and users' scripts depend on them):
     build_plan(profile, model, tiers=3, group_size=..., ...) -> Plan
     prefill(model, input_ids, chunk, platform=..., attention="npu") -> PrefillResult with a timeline
     run_experiment(...) -> pandas.DataFrame of result rows           (the `npumoe-lab run` command)
+    simulate(geometry, routing, platforms, variants, ...) -> rows    paper-scale, no weights (`npumoe-lab simulate`)
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ _LAZY = {
     "get_platform": "devices", "list_platforms": "devices",
     "get_workload": "workloads", "list_workloads": "workloads",
     "run_experiment": "experiments.runner",
+    "simulate": "sim.run", "load_geometry": "sim.geometries",
     "load_results": "experiments.store",
     "NpuMoeError": "errors",
     "VARIANTS": "variants",

@@ -15,6 +15,10 @@ import warnings
 import pandas as pd
 
 from .errors import NpuMoeError
+from .experiments.runner import calibration_profile, run_experiment
+from .models import load_model
+from .plan import build_plan
+from .stats import change_statement
 
 DEFAULT_WORKLOADS = ("ruler-multikey", "ruler-vt", "fewshot-cls", "lm-heldout")
 COLUMNS = ["workload", "variant", "platform", "prompt_len", "chunk", "n_samples", "score_name", "ref_score", "score",
@@ -40,7 +44,6 @@ def percentile_for_drop_rate(profile, model, target=(0.10, 0.22), candidates=(95
                              **knobs) -> tuple[float, float]:
     """The highest load percentile whose plan's expected drop rate falls in `target` (the paper's 10-22%),
     else the one closest to the range. Returns (percentile, expected drop rate)."""
-    from .plan import build_plan
     lo, hi = target
     best = None
     for p in candidates:
@@ -60,9 +63,6 @@ def accuracy_report(model="tiny", workloads=DEFAULT_WORKLOADS, variant="npumoe",
 
     target_drop=(lo, hi): pick the tier percentile whose calibrated drop rate falls in that range first.
     """
-    from .experiments.runner import calibration_profile, run_experiment
-    from .models import load_model
-    from .plan import build_plan
     loaded = load_model(model) if isinstance(model, str) else model
     name = model if isinstance(model, str) else None
     if target_drop is not None:
@@ -94,7 +94,6 @@ def accuracy_report(model="tiny", workloads=DEFAULT_WORKLOADS, variant="npumoe",
 def _same_plan_row(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (variant, platform): accuracy (identical in every repeat) with the median TTFT over the
     repeats of the same run, so speed and accuracy describe one plan; plus the exact-bound statement."""
-    from .stats import change_statement
     keys = ["variant", "platform"]
     first = df[df.repeat == 0].set_index(keys)
     first["ttft_s"] = df.groupby(keys)["ttft_s"].median()

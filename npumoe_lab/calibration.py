@@ -24,7 +24,13 @@ import pandas as pd
 import torch
 
 from .errors import NpuMoeError
+from .models import describe, load_model, model_fingerprint
+from .routing import RoutingRecorder
+from .runtime import chunked_prefill
+from .texts import DOMAINS, bundled_text
 from .utils import progress, provenance
+from .workloads import get_workload, list_workloads
+from .workloads.base import bos_id, context_limit, encode
 
 COUNT_COLUMNS = ("layer", "expert", "chunk_id", "count")
 STAT_COLUMNS = ("layer", "expert", "count", "weight_sum", "weight_sq_sum", "norm_sum")
@@ -173,13 +179,11 @@ class CalibrationProfile:
 def model_context(model, tokenizer=None) -> int | None:
     ctx = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if ctx is None and tokenizer is not None:
-        from .workloads.base import context_limit
         ctx = context_limit(tokenizer)
     return None if ctx is None else int(ctx)
 
 
 def _text_documents(tokenizer, texts: dict, doc_len: int, chunk: int, seed: int) -> list[list[int]]:
-    from .workloads.base import bos_id, encode
     bos, rng, per_source = bos_id(tokenizer), random.Random(seed), []
     body = doc_len - len(bos)
     for text in texts.values():
@@ -201,17 +205,14 @@ def calibration_documents(tokenizer, workload: str, chunk: int, doc_len: int, to
                           text=None) -> list[list[int]]:
     """Token documents for calibration, each a whole number of chunks: `text` (a string or {name: string}) when
     given, else the bundled calib text of a domain or of all of them ("mixed"), else a workload's samples."""
-    from .workloads.base import DOMAINS
     if tokenizer is None:
         raise NpuMoeError("calibration needs the model's tokenizer; the model directory has none, add its "
                           "tokenizer files")
     if text is not None:
         return _text_documents(tokenizer, text if isinstance(text, dict) else {"text": text}, doc_len, chunk, seed)
     if workload in TEXT_WORKLOADS or workload in DOMAINS:
-        from .train.corpora import bundled_text
         names = DOMAINS if workload == "mixed" else (workload,)
         return _text_documents(tokenizer, {d: bundled_text(d, "calib") for d in names}, doc_len, chunk, seed)
-    from .workloads import get_workload, list_workloads
     if workload not in list_workloads():
         raise NpuMoeError(f"unknown calibration workload {workload!r}; use 'mixed', a domain "
                           f"({', '.join(DOMAINS)}) or a workload ({', '.join(list_workloads())})")
@@ -266,26 +267,22 @@ def kv_cache_kwarg(model) -> str:
 
 
 def _run_chunks(model, docs, chunk: int, acc: _Accumulator, desc: str) -> None:
-    """Prefill each document chunk by chunk, carrying the KV cache; chunk ids run over all documents."""
-    from .routing import RoutingRecorder
-    device, was_training = next(model.parameters()).device, model.training
-    cache_arg = kv_cache_kwarg(model)
+    """Prefill each document chunk by chunk (runtime.chunked_prefill: the one chunk loop), carrying the KV cache
+    within a document; the routing of every chunk goes to `acc`, chunk ids running over all documents."""
+    was_training = model.training
     bar = progress(total=sum(len(d) for d in docs) // chunk, desc=desc, unit="chunk")
-    chunk_id = 0
+    first = 0                        # chunk id of the current document's first chunk
     model.eval()                     # routing as in inference (no router noise / dropout)
     try:
         with RoutingRecorder(model) as rec:
-            for doc in docs:
-                past = None          # a new document starts with an empty cache
-                for start in range(0, len(doc), chunk):
-                    ids = torch.tensor([doc[start:start + chunk]], device=device)
-                    out = model(input_ids=ids, use_cache=True, **{cache_arg: past})
-                    past = getattr(out, cache_arg)
-                    for r in rec.records:
-                        acc.add(r, chunk_id)
-                    rec.records.clear()
-                    chunk_id += 1
-                    bar.update(1)
+            def take(c):
+                for r in rec.records:
+                    acc.add(r, first + c)
+                rec.records.clear()
+                bar.update(1)
+            for doc in docs:         # a new document starts with an empty cache
+                chunked_prefill(model, torch.tensor([doc]), chunk, on_chunk=take, keep_logits=False)
+                first += len(doc) // chunk
     finally:
         bar.close()
         model.train(was_training)
@@ -296,7 +293,6 @@ def calibrate(model, tokenizer, workload: str = "mixed", chunk: int = 512, token
               out=None, text=None) -> CalibrationProfile:
     """Calibration profile of `model` over `tokens` tokens of `workload` (a workload name, a domain name, or
     "mixed" = all bundled calib texts), in prefill chunks of `chunk`; saved to `out` when given."""
-    from .models import describe, model_fingerprint
     if not isinstance(chunk, int) or chunk < 1:
         raise NpuMoeError(f"chunk must be an int >= 1, got {chunk!r}")
     ctx = model_context(model, tokenizer)
@@ -333,7 +329,6 @@ def calibrate(model, tokenizer, workload: str = "mixed", chunk: int = 512, token
 
 # -- CLI -------------------------------------------------------------------------------------------------
 def _cli(args) -> int:
-    from .models import load_model
     model, tokenizer = load_model(args.model, dtype=args.dtype)
     profile = calibrate(model, tokenizer, args.workload, args.chunk, args.tokens, args.seed, args.out)
     print(profile.summary().to_string(index=False, float_format=lambda x: f"{x:.3f}"))

@@ -7,6 +7,7 @@ import importlib
 import sys
 
 from .errors import NpuMoeError
+from .experiments.outdir import check_writable
 
 # module (relative to npumoe_lab) -> subcommands it provides (imported lazily so `--help` stays fast)
 SUBCOMMANDS = {
@@ -15,6 +16,7 @@ SUBCOMMANDS = {
     "plan": ["plan"],
     "experiments.runner": ["run", "platforms"],
     "experiments.sweep": ["sweep"],
+    "sim.run": ["simulate"],
     "plots": ["figures"],
     "graphs.convert": ["convert"],
 }
@@ -68,7 +70,6 @@ def main(argv=None) -> int:
         return 2
     try:
         if getattr(args, "out", None):    # before any compute: a late PermissionError would lose the work
-            from .experiments.outdir import check_writable
             check_writable(args.out, is_file=args.command in OUT_IS_FILE)
         return int(args.func(args) or 0)
     except NpuMoeError as exc:

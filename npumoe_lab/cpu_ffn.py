@@ -21,6 +21,7 @@ import functools
 
 import torch
 
+from .errors import NpuMoeError
 from .models.weights import ExpertWeights
 from .packing import _is_hf_swiglu, _no_autograd, swiglu_
 
@@ -49,14 +50,12 @@ def resolve_kernel(kernel: str, dtype: torch.dtype, device="cpu", elems: int | N
     """The kernel that runs: "auto" -> "onednn" for CPU weights of a dtype oneDNN packs here whose matrices have
     at least MIN_PACKED_ELEMS elements (`elems`; None: no size rule), else "torch"."""
     if kernel not in KERNELS:
-        from .errors import NpuMoeError
         raise NpuMoeError(f"cpu_kernel={kernel!r} is not a CPU expert kernel; use one of {KERNELS}")
     on_cpu = torch.device(device).type == "cpu"
     if kernel == "auto":
         big = elems is None or elems >= MIN_PACKED_ELEMS
         return "onednn" if on_cpu and big and onednn_packs(dtype) else "torch"
     if kernel == "onednn" and not (on_cpu and onednn_packs(dtype)):
-        from .errors import NpuMoeError
         raise NpuMoeError(f"cpu_kernel='onednn' cannot pack {dtype} weights on {device} with this torch build/CPU; "
                           "use cpu_kernel='auto' or 'torch'")
     return kernel

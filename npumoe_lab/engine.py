@@ -1,28 +1,32 @@
 """Executes a plan inside HF's forward: routing -> saliency pruning -> pack groups -> NPU/CPU -> scatter.
 
-`PlanExecutor` is what `attach(model, plan)` installs as the experts executor of every MoE layer. It keeps
-the plan's static layout and each group's pre-stacked weights (what a compiled static graph holds), and per
-call: scores assignments, packs each resident group's [G, C, H] buffer, runs cold experts on the CPU role
+`PlanExecutor` is what `attach(model, plan)` installs as the experts executor of every MoE layer. It consumes the
+plan's `ExecutionLayout` (layout.py), keeps each group's pre-stacked weights (what a compiled static graph holds),
+and per call: scores assignments, packs each resident group's [G, C, H] buffer, runs cold experts on the CPU role
 (dynamic, dropless by default), optionally spills overflow to the CPU (`npumoe-spill`), and scatters back.
-Every op goes through `self.clock`, which the prefill driver (`runtime.py`) sets to time and place it.
+Every op is an `ops.Op` record handed to the chunk's clock (`ChunkContext.clock`). With `ctx.numerics=False`
+(simulation) the same records come out of the same code from routing alone: no tensor is computed.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 
 import torch
 
+from .clock import NullClock
 from .cpu_ffn import PackedExperts, resolve_kernel
+from .devices.cost import expert_ffn_cost, memory_cost
 from .errors import NpuMoeError
+from .layout import ExecutionLayout
+from .ops import ChunkContext, Op, current_chunk
 from .packing import (Layout, Workspace, group_ffn, group_ffn_into, pack,
                       plan_dispatch, run_groups, scatter)
+from .saliency import SALIENCY_RULES, saliency_scores
 
 COLD_MODES = ("dynamic", "static")
 PAD_MODES = ("auto", "compute", "skip")
-
-
-def _get(obj, key, default=None):
-    return obj.get(key, default) if isinstance(obj, dict) else getattr(obj, key, default)
+NORM_RULES = ("activation_norm", "weight_x_norm")     # saliency rules that read the hidden states' norms
 
 
 @dataclass
@@ -36,31 +40,26 @@ class LayerStats:
     npu_calls: int = 0
 
 
-class NullClock:
-    """Runs ops without timing (plain `attach(model, plan)` outside a timed prefill)."""
-
-    def __init__(self):
-        self.chunk = 0
-        self.pad_mask = None  # [T] bool, True for padding tokens of the current chunk
-
-    def op(self, name, role, layer, cost, fn, *args, deps=()):
-        return fn(*args), None
-
-    def layer_stats(self, layer, stats):
-        pass
+def as_layout(plan) -> ExecutionLayout:
+    """A Plan (compiled here) or an ExecutionLayout; anything else is an error (no plan-shaped dicts)."""
+    if isinstance(plan, ExecutionLayout):
+        return plan
+    if hasattr(plan, "compile"):
+        return plan.compile()
+    raise NpuMoeError(f"expected a Plan or an ExecutionLayout, got {type(plan).__name__}; build one with "
+                      "npumoe_lab.build_plan(...) or ExecutionLayout.dropless(describe(model))")
 
 
 @dataclass
 class PlanExecutor:
-    plan: object
-    handles: list
+    plan: object                         # Plan or ExecutionLayout (compiled once into `self.layout`)
+    handles: list                        # experts.LayerHandle per MoE layer (empty for routing-only simulation)
     saliency: str | None = None          # None: the plan's rule
     renormalize: bool | None = None      # None: the plan's setting
     spill: bool = False                  # overflow -> CPU (dropless) instead of dropped
     cold: str = "dynamic"                # cold experts on the CPU at actual load, or at their static capacity
     npu_dtype: torch.dtype | None = None  # e.g. torch.float16 where the modeled NPU computes fp16
     seed: int = 0
-    clock: object = field(default_factory=NullClock)
     npu_backend: object = None           # resident groups: None/"torch" (in process) | "onnxruntime" | "coreml"
     cpu_kernel: str = "auto"             # in-process experts: "onednn" (pre-packed, per expert) | "torch" (bmm per
                                          # group) | "auto" (onednn for experts of >= cpu_ffn.MIN_PACKED_ELEMS)
@@ -69,61 +68,65 @@ class PlanExecutor:
     # measures wall time (a measured static graph costs its padding); untimed and modeled runs skip it (the
     # modeled cost is the static shape's either way).
     pad_rows: str = "auto"
+    layout: ExecutionLayout = field(init=False)
 
     def __post_init__(self):
         if self.cold not in COLD_MODES:
             raise NpuMoeError(f"cold={self.cold!r} is not a cold-expert mode; use one of {COLD_MODES}")
         if self.pad_rows not in PAD_MODES:
             raise NpuMoeError(f"pad_rows={self.pad_rows!r} is not a padding mode; use one of {PAD_MODES}")
-        from .saliency import SALIENCY_RULES
-        rule = self.saliency or _get(self.plan, "saliency", "weight_x_norm")
+        self.layout = as_layout(self.plan)
+        rule = self.saliency or self.layout.saliency
         if rule not in SALIENCY_RULES:
             raise NpuMoeError(f"unknown saliency rule {rule!r}; valid rules: {', '.join(SALIENCY_RULES)}")
         self.saliency = rule
         if self.renormalize is None:
-            self.renormalize = bool(_get(self.plan, "renormalize", False))
-        self._layers = {int(_get(lp, "layer")): lp for lp in _get(self.plan, "layers")}
-        missing = [h.layer for h in self.handles if h.layer not in self._layers]
-        if missing:
-            raise NpuMoeError(f"the plan has no entry for MoE layers {missing}: it was built for another model")
-        self._static = {}  # layer -> (Layout, cold expert mask, per group: stacked weights or None = per expert)
+            self.renormalize = self.layout.renormalize
+        for h in self.handles:
+            self.layout.layer(h.layer)      # every MoE layer of the model has an entry, else a clear error
+        self._static = {}   # layer -> (Layout, cold expert mask)
+        self._weights = {}  # layer -> per group: stacked weights, a backend handle, or None (= per expert)
         self._experts = {}  # layer -> PackedExperts (every expert; in-process groups, cold and spilled experts)
         if self.npu_backend == "torch":
             self.npu_backend = None
         elif isinstance(self.npu_backend, str):   # an external static-graph runtime plays the NPU
-            from .devices.backends import get_npu_backend
+            from .backends import get_npu_backend   # lazy: pulls in the graph builders (onnx, coremltools)
             self.npu_backend = get_npu_backend(self.npu_backend)
         self._work = Workspace()  # packed/out/gather buffers reused across calls and layers (no page faults)
 
     # -- static part, built once per layer: the "compiled graphs" -----------------------------------------
+    def static_layout(self, layer: int):
+        """(packing Layout over the static groups, [E] bool mask of dynamic cold experts) of one layer."""
+        if layer not in self._static:
+            lay = self.layout.layer(layer)
+            cold = torch.zeros(lay.n_experts, dtype=torch.bool)
+            groups = []
+            for g in lay.groups:
+                if not g.resident:
+                    cold[list(g.experts)] = True
+                if g.resident or self.cold == "static":
+                    groups.append((g.experts, g.capacity, g.resident, g.id))
+            self._static[layer] = (_layout_with_gaps(lay.n_experts, groups), cold)
+        return self._static[layer]
+
     def _compiled(self, handle):
-        if handle.layer in self._static:
-            return self._static[handle.layer]
-        lp = self._layers[handle.layer]
-        E = handle.weights.n_experts
-        groups, cold = [], torch.zeros(E, dtype=torch.bool)
-        for g in _get(lp, "groups"):
-            resident = bool(_get(g, "resident", True))
-            experts = tuple(int(e) for e in _get(g, "experts"))
-            if not resident:
-                cold[list(experts)] = True
-            if resident or self.cold == "static":
-                groups.append((experts, int(_get(g, "capacity")), resident, int(_get(g, "id", len(groups)))))
-        layout = _layout_with_gaps(E, groups)
-        weights, wdtype = [], handle.weights.gate_up.dtype
-        for gs in layout.groups:
-            w = handle.weights.select(gs.experts)
-            if gs.resident and self.npu_backend is not None:
-                w = self.npu_backend.compile(handle.layer, gs.group_id, gs.capacity, w.contiguous())
-            elif gs.resident and self.npu_dtype not in (None, wdtype):
-                w = _bmm_weights(w, self.npu_dtype)   # the NPU's own precision: one bmm per group on a cast copy
-            elif self._per_expert(handle.weights):
-                w = None                              # per expert on the layer's PackedExperts
-            else:   # in process: materialised once, bmm-friendly
-                w = _bmm_weights(w)
-            weights.append(w)
-        self._static[handle.layer] = (layout, cold, weights)
-        return self._static[handle.layer]
+        """(Layout, cold mask, per-group weights) of a layer with real weights."""
+        layout, cold = self.static_layout(handle.layer)
+        if handle.layer not in self._weights:
+            weights, wdtype = [], handle.weights.gate_up.dtype
+            for gs in layout.groups:
+                w = handle.weights.select(gs.experts)
+                if gs.resident and self.npu_backend is not None:
+                    w = self.npu_backend.compile(handle.layer, gs.group_id, gs.capacity, w.contiguous())
+                elif gs.resident and self.npu_dtype not in (None, wdtype):
+                    w = _bmm_weights(w, self.npu_dtype)   # the NPU's own precision: one bmm per group, cast copy
+                elif self._per_expert(handle.weights):
+                    w = None                              # per expert on the layer's PackedExperts
+                else:   # in process: materialised once, bmm-friendly
+                    w = _bmm_weights(w)
+                weights.append(w)
+            self._weights[handle.layer] = weights
+        return layout, cold, self._weights[handle.layer]
 
     def _per_expert(self, weights) -> bool:
         """Expert by expert on pre-packed weights (oneDNN) rather than one bmm per group."""
@@ -144,60 +147,73 @@ class PlanExecutor:
             self._experts[handle.layer] = PackedExperts(handle.weights, self.cpu_kernel)
         return self._experts[handle.layer]
 
-    def _skip_padding(self) -> bool:
+    def _skip_padding(self, ctx: ChunkContext) -> bool:
         if self.pad_rows == "auto":
-            return not getattr(self.clock, "measured", False)
+            return not ctx.clock.measured
         return self.pad_rows == "skip"
 
     # -- per call --------------------------------------------------------------------------------------------
     def __call__(self, handle, hidden, top_k_index, top_k_weights):
-        from .saliency import saliency_scores
-        clock, layer, K = self.clock, handle.layer, top_k_index.shape[1]
-        layout, cold, gweights = self._compiled(handle)
-        # one reduction pass; the exact (slower) NaN test only when the sum is not finite
-        if not bool(torch.isfinite(hidden.sum())) and bool(torch.isnan(hidden).any()):
-            raise NpuMoeError(f"NaN in the hidden states entering MoE layer {layer} at prefill chunk {clock.chunk}; "
-                              "check the model weights/dtype (fp16 overflow?) and the input")
+        """HF's experts forward (through experts.py): the current chunk's context, or an untimed one."""
+        ctx = current_chunk()
+        if ctx is None:
+            T = hidden.shape[0]
+            ctx = ChunkContext(index=0, past=0, n_real=T, length=T, clock=NullClock())
+        return self.execute(handle.layer, hidden, top_k_index, top_k_weights, ctx, handle=handle)
+
+    def execute(self, layer: int, hidden, top_k_index, top_k_weights, ctx: ChunkContext, handle=None, norms=None):
+        """One MoE layer over one chunk. `hidden` [T, H] and `handle` (real weights) when `ctx.numerics`; in a
+        routing-only replay both are None and `norms` [T] stands in for the hidden states' norms."""
+        clock, K, num = ctx.clock, top_k_index.shape[1], ctx.numerics
+        lay = self.layout.layer(layer)
+        if num:
+            layout, cold, gweights = self._compiled(handle)
+            # one reduction pass; the exact (slower) NaN test only when the sum is not finite
+            if not bool(torch.isfinite(hidden.sum())) and bool(torch.isnan(hidden).any()):
+                raise NpuMoeError(f"NaN in the hidden states entering MoE layer {layer} at prefill chunk "
+                                  f"{ctx.index}; check the model weights/dtype (fp16 overflow?) and the input")
+        else:
+            (layout, cold), gweights = self.static_layout(layer), None
+        H, I, b = lay.hidden, lay.intermediate, ctx.dtype_bytes
+
+        def op(name, kind, role, cost, shape=()):
+            return Op(name, kind, role, layer, ctx.index, cost, shape)
+
         active = torch.ones_like(top_k_index, dtype=torch.bool)
-        if clock.pad_mask is not None:          # padding tokens of the last chunk never take capacity
-            active &= ~clock.pad_mask.view(-1, 1)
+        pad_mask = ctx.pad_mask
+        if pad_mask is not None:          # padding tokens of the last chunk never take capacity
+            active &= ~pad_mask.view(-1, 1)
         cold_assign = cold[top_k_index] & active if self.cold == "dynamic" else torch.zeros_like(active)
         static_assign = active & ~cold_assign
         stats = LayerStats(routed=int(active.sum()))
 
         def route():
             # an fp32 copy of the hidden states costs a full pass: only the norm-based rules need it
-            norms = hidden.float().norm(dim=-1) if self.saliency in ("activation_norm", "weight_x_norm") else None
-            scores = saliency_scores(self.saliency, top_k_weights, norms, seed=self.seed + 7919 * layer)
+            n = norms
+            if n is None and num and self.saliency in NORM_RULES:
+                n = hidden.float().norm(dim=-1)
+            scores = saliency_scores(self.saliency, top_k_weights, n, seed=self.seed + 7919 * layer)
             return plan_dispatch(top_k_index, _masked(top_k_weights, static_assign), layout, scores=scores,
                                  renormalize=self.renormalize, active=static_assign)[0]
-        dispatch, ev_pack = clock.op("dispatch", "cpu", layer, ("sort", top_k_index.numel()), route)
-        R, H, work = layout.total_rows, hidden.shape[1], self._work
-        packed, ev_pack = clock.op("pack", "cpu", layer, ("pack", layout.total_rows, hidden), pack, hidden,
-                                   dispatch, work.get("packed", (R, H), hidden.dtype, hidden.device),
-                                   deps=(ev_pack,))
-        out = work.get("out", (R, H), hidden.dtype, hidden.device)
+        n_assign = top_k_index.numel()
+        # routing decides every count below: it runs in a replay too
+        dispatch, ev_pack = clock.run(op("dispatch", "dispatch", "cpu", memory_cost(n_assign * 16, "dispatch"),
+                                         (n_assign,)), route)
+        R = layout.total_rows
+        packed, ev_pack = clock.run(op("pack", "pack", "cpu", memory_cost(2 * R * H * b, "pack"), (R, H)),
+                                    pack if num else None, hidden,
+                                    dispatch, self._work.get("packed", (R, H), hidden.dtype, hidden.device)
+                                    if num else None, deps=(ev_pack,))
+        out = self._work.get("out", (R, H), hidden.dtype, hidden.device) if num else None
         group_events = []
-        fill = torch.minimum(dispatch.load.cpu(), layout.capacity).tolist() if self._skip_padding() else None
-        for gs, w in zip(layout.groups, gweights):
+        fill = torch.minimum(dispatch.load.cpu(), layout.capacity).tolist() if self._skip_padding(ctx) else None
+        for j, gs in enumerate(layout.groups):
             G = len(gs.experts)
-            x = packed[gs.start:gs.start + gs.rows].view(G, gs.capacity, H)
-            y = out[gs.start:gs.start + gs.rows].view(G, gs.capacity, H)   # each group writes its rows in place
             role = "npu" if gs.resident else "cpu"
-            if gs.resident and self.npu_backend is not None:
-                _, ev = clock.op(f"group{gs.group_id}", role, layer, ("ffn", gs, handle.weights), _run_backend,
-                                 self.npu_backend, w, x, y, deps=(ev_pack,))
-            elif w is None:     # expert by expert on packed weights: the filled rows (skip) or all gs.capacity
-                spans = [(e, gs.start + j * gs.capacity, gs.capacity if fill is None else fill[e])
-                         for j, e in enumerate(gs.experts)]
-                _, ev = clock.op(f"group{gs.group_id}", role, layer, ("ffn", gs, handle.weights),
-                                 self.packed_experts(handle).ffn_rows, packed, spans, out, deps=(ev_pack,))
-            else:   # one bmm per group; skipping padding trims the rows past the group's fullest expert
-                if fill is not None:
-                    m = max(fill[e] for e in gs.experts)
-                    x, y = x[:, :m], y[:, :m]
-                _, ev = clock.op(f"group{gs.group_id}", role, layer, ("ffn", gs, w), _run_group, x, w, y, work,
-                                 deps=(ev_pack,))
+            record = op(f"group{gs.group_id}", "expert_group", role, _group_cost(G, gs.capacity, H, I, b),
+                        (G, gs.capacity, H, I))
+            fn, args = (self._group_call(handle, gs, gweights[j], packed, out, fill) if num else (None, ()))
+            _, ev = clock.run(record, fn, *args, deps=(ev_pack,))
             group_events.append(ev)
             stats.npu_calls += int(gs.resident)
         stats.slots, stats.padded = layout.total_rows, dispatch.n_padded
@@ -206,21 +222,57 @@ class PlanExecutor:
         parts = []
         for mask, name in extra:
             if bool(mask.any()):
-                experts = (self.packed_experts(handle) if self._per_expert(handle.weights)
-                           else handle.weights)
-                y, ev = clock.op(name, "cpu", layer, ("dynamic", mask, handle.weights, top_k_index), _dynamic_experts,
-                                 experts, hidden, top_k_index, top_k_weights, mask, self.renormalize,
-                                 deps=(ev_pack,))
+                record = op(name, "experts_dynamic", "cpu", dynamic_experts_cost(top_k_index, mask, H, I, b))
+                args = ()
+                if num:
+                    experts = (self.packed_experts(handle) if self._per_expert(handle.weights) else handle.weights)
+                    args = (experts, hidden, top_k_index, top_k_weights, mask, self.renormalize)
+                y, ev = clock.run(record, _dynamic_experts if num else None, *args, deps=(ev_pack,))
                 parts.append(y)
                 group_events.append(ev)
         n_over = int(overflow.sum())
         stats.spilled = n_over if self.spill else 0
         stats.dropped = n_over - stats.spilled
-        y, _ = clock.op("scatter", "cpu", layer, ("scatter", dispatch), _combine, out, dispatch, parts,
-                        work.get("gather", (dispatch.slot.numel(), H), hidden.dtype, hidden.device),
-                        deps=tuple(group_events) or (ev_pack,))
-        clock.layer_stats(layer, stats)
-        return y.to(hidden.dtype)
+        S = dispatch.slot.numel()
+        scatter_args = (out, dispatch, parts, self._work.get("gather", (S, H), hidden.dtype, hidden.device)) \
+            if num else ()
+        y, _ = clock.run(op("scatter", "scatter", "cpu", memory_cost(2 * S * H * b, "scatter"), (S, H)),
+                         _combine if num else None, *scatter_args, deps=tuple(group_events) or (ev_pack,))
+        clock.layer_stats(ctx.index, layer, stats)
+        return y.to(hidden.dtype) if num else None
+
+    def _group_call(self, handle, gs, w, packed, out, fill):
+        """(fn, args) running one static group in place on its rows of the packed buffers."""
+        H = packed.shape[1]
+        G = len(gs.experts)
+        x = packed[gs.start:gs.start + gs.rows].view(G, gs.capacity, H)
+        y = out[gs.start:gs.start + gs.rows].view(G, gs.capacity, H)   # each group writes its rows in place
+        if gs.resident and self.npu_backend is not None:
+            return _run_backend, (self.npu_backend, w, x, y)
+        if w is None:       # expert by expert on packed weights: the filled rows (skip) or all gs.capacity
+            spans = [(e, gs.start + j * gs.capacity, gs.capacity if fill is None else fill[e])
+                     for j, e in enumerate(gs.experts)]
+            return self.packed_experts(handle).ffn_rows, (packed, spans, out)
+        if fill is not None:   # one bmm per group; skipping padding trims the rows past the group's fullest expert
+            m = max(fill[e] for e in gs.experts)
+            x, y = x[:, :m], y[:, :m]
+        return _run_group, (x, w, y, self._work)
+
+
+@functools.lru_cache(maxsize=4096)
+def _group_cost(G: int, C: int, H: int, I: int, dtype_bytes: int):
+    """One static group's cost (a static shape: the same for every call, so computed once)."""
+    return expert_ffn_cost(G, C, H, I, dtype_bytes=dtype_bytes)
+
+
+def dynamic_experts_cost(top_k_index, mask, hidden: int, intermediate: int, dtype_bytes: int):
+    """Experts at their actual loads, one call each (the CPU handles dynamic shapes); the weights of every expert
+    touched are streamed once."""
+    loads = int(mask.sum())
+    n_exp = max(1, int(top_k_index[mask].unique().numel()))
+    cost = expert_ffn_cost(1, max(1, loads), hidden, intermediate, dtype_bytes=dtype_bytes, calls=n_exp)
+    return type(cost)(name="experts_dynamic", flops=cost.flops,
+                      bytes=cost.bytes + (n_exp - 1) * 3 * hidden * intermediate * dtype_bytes, calls=n_exp)
 
 
 def _layout_with_gaps(n_experts, groups) -> Layout:
@@ -288,4 +340,4 @@ def _combine(out, dispatch, parts, work=None):
     return y
 
 
-__all__ = ["PlanExecutor", "LayerStats", "NullClock"]
+__all__ = ["PlanExecutor", "LayerStats", "as_layout", "dynamic_experts_cost"]

@@ -14,7 +14,9 @@ from typing import Callable
 import torch
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
+from .engine import PlanExecutor, as_layout
 from .errors import NpuMoeError
+from .models import find_moe_blocks, model_fingerprint
 from .models.weights import ExpertWeights, expert_weights
 from .packing import dropless_experts
 
@@ -60,15 +62,15 @@ ALL_EXPERTS_FUNCTIONS.register(IMPLEMENTATION, _npumoe_experts_forward)
 
 
 def _experts_modules(model):
-    from .models import find_moe_blocks
     return [(ref.layer, ref.experts) for ref in find_moe_blocks(model)]
 
 
 def attach(model, plan=None, **options):
     """Switch a loaded HF MoE model to the workbench's experts path and return it.
 
-    plan=None: dropless (capacity = actual load; logits equal HF's). With a Plan, each MoE layer runs the
-    plan's static capacities, saliency pruning and groups (options: see `npumoe_lab.engine.PlanExecutor`).
+    plan=None: dropless (capacity = actual load; logits equal HF's). With a Plan (or its ExecutionLayout), each
+    MoE layer runs the plan's static capacities, saliency pruning and groups (options: see
+    `npumoe_lab.engine.PlanExecutor`); a plan calibrated on another model is rejected.
     """
     if getattr(model, "_npumoe", None) is not None:
         detach(model)
@@ -79,8 +81,10 @@ def attach(model, plan=None, **options):
     handles = [LayerHandle(layer, mod) for layer, mod in modules]
     attachment = Attachment(previous=previous, handles=handles, plan=plan, options=dict(options))
     if plan is not None:
-        from .engine import PlanExecutor
-        attachment.executor = PlanExecutor(plan, handles, **options)
+        layout = as_layout(plan)
+        if layout.model_fingerprint is not None:
+            layout.check_model(model_fingerprint(model))
+        attachment.executor = PlanExecutor(layout, handles, **options)
     for h in handles:
         h.module._npumoe_handle = h
         h.module._npumoe_attachment = attachment

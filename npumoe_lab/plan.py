@@ -15,12 +15,17 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from .calibration import CalibrationProfile
+from .devices import get_platform
 from .errors import NpuMoeError
 from .grouping import make_groups_with_notes
-from .residency import assign_residency, fit_budget
-from .saliency import check_rule
-from .tiers import assign_tiers, expected_drop_rate, expected_kept_tokens, expected_padding
+from .layout import ExecutionLayout
+from .models import describe, load_model, model_fingerprint
+from .residency import RESIDENCY_MODES, assign_residency, fit_budget
+from .saliency import SALIENCY_RULES, check_rule
+from .tiers import CAPACITY_RULES, assign_tiers, expected_drop_rate, expected_kept_tokens, expected_padding
 from .utils import sha256_json
+from .variants import get_variant
 
 PLAN_VERSION = 1
 
@@ -102,6 +107,10 @@ class Plan:
         """The build_plan keyword arguments this plan was built with (for variant_plan / rebuilding)."""
         return {**self.knobs, "saliency": self.saliency, "renormalize": self.renormalize, "platform": self.platform}
 
+    def compile(self):
+        """The frozen execution layout the engine consumes (layout.ExecutionLayout)."""
+        return ExecutionLayout.from_plan(self)
+
     # -- lookups for the engine and reports --------------------------------------------------------------
     def layer_plan(self, layer: int) -> dict:
         for lp in self.layers:
@@ -163,7 +172,6 @@ def _check_layer(lp: dict) -> None:
 
 
 def _fingerprint(model) -> str:
-    from .models import model_fingerprint
     return model_fingerprint(model)
 
 
@@ -174,7 +182,6 @@ def _specs(profile, model_or_specs) -> list:
         return [SimpleNamespace(**d) for d in profile.meta["layers"]]
     if isinstance(model_or_specs, (list, tuple)):
         return list(model_or_specs)
-    from .models import describe
     fp = _fingerprint(model_or_specs)
     if fp != profile.meta["model_fingerprint"]:
         raise NpuMoeError(f"the calibration profile is of model {profile.meta['model_fingerprint'][:12]} but this "
@@ -185,7 +192,6 @@ def _specs(profile, model_or_specs) -> list:
 def _platform(platform):
     if platform is None or not isinstance(platform, str):
         return platform
-    from .devices import get_platform
     return get_platform(platform)
 
 
@@ -199,7 +205,6 @@ def build_plan(profile, model_or_specs=None, tiers: int = 3, percentile: float =
     the model (its fingerprint must match the profile's), a list of MoELayerSpec, or None (specs stored in the
     profile). `hot_threshold=None` in threshold mode = one balanced expert's load, chunk * top_k / n_experts.
     `platform` (name or Platform) gives the graph limits and the cost model; None = no device limits."""
-    from .calibration import CalibrationProfile
     if not isinstance(profile, CalibrationProfile):
         profile = CalibrationProfile.load(profile)
     check_rule(saliency)
@@ -256,7 +261,6 @@ def build_plan(profile, model_or_specs=None, tiers: int = 3, percentile: float =
 def variant_plan(profile, variant: str, model_or_specs=None, **knobs) -> Plan:
     """The plan of a variant (variants.py): `knobs` (e.g. a plan's .knobs) with the variant's forced knobs on
     top. Raises for variants that run without a plan (reference, cpu-only, anemll)."""
-    from .variants import get_variant
     v = get_variant(variant)
     if v.experts != "plan":
         raise NpuMoeError(f"variant {variant!r} runs its experts without a plan ({v.experts}); nothing to build")
@@ -272,7 +276,6 @@ def _cli(args) -> int:
         raise NpuMoeError("plan needs --profile DIR and --out PLAN.json (or --show PLAN.json)")
     model = None
     if args.model:
-        from .models import load_model
         model = load_model(args.model)[0]
     kw = dict(tiers=args.tiers, percentile=args.percentile, align=args.align, min_capacity=args.min_capacity,
               group_size=args.group_size, order=args.order, hot_threshold=args.hot_threshold,
@@ -290,9 +293,6 @@ def _cli(args) -> int:
 
 
 def register_cli(subparsers) -> None:
-    from .residency import RESIDENCY_MODES
-    from .saliency import SALIENCY_RULES
-    from .tiers import CAPACITY_RULES
     p = subparsers.add_parser("plan", help="build a static capacity/group/residency plan from a calibration profile")
     p.add_argument("--profile", help="calibration profile directory (npumoe-lab calibrate --out)")
     p.add_argument("--out", help="plan JSON to write")

@@ -19,6 +19,7 @@ import textwrap
 import numpy as np
 import pandas as pd
 
+from . import figcheck
 from .errors import NpuMoeError
 
 VARIANT_ORDER = ("reference", "cpu-only", "naive-npu", "anemll", "npumoe-base", "npumoe-t", "npumoe-tg",
@@ -63,7 +64,6 @@ def styled(fn):
     NPUMOE_FIGURE_AUDIT set, record the figure's legibility audit (figcheck)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from . import figcheck
         with style():
             fig = fn(*args, **kwargs)
             figcheck.record(fn.__name__, fig)

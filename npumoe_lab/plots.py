@@ -151,6 +151,7 @@ def plot_popularity_heatmaps(profiles: dict, vmax: float | None = None):
 
 def save_figure(fig, out_dir, name: str, dpi: int = 200) -> list[Path]:
     """Save `fig` as out_dir/name.pdf and .png (atomically); return both paths."""
+    # lazy: experiments imports plots' users; loaded only when figures are written
     from .experiments.atomic import atomic_open
 
     paths = []
@@ -169,6 +170,7 @@ FIGURES = {"baselines": plot_baselines, "ablation": plot_ablation, "accuracy": p
 def make_all_figures(results_dir, out_dir, log=print, dpi: int = 200) -> list[Path]:
     """Every figure the results have columns for (+ a heatmap per calibration profile found); others are
     skipped with the reason logged. Returns the written PDF and PNG paths."""
+    # lazy: experiments imports plots' users; loaded only when figures are written
     from .experiments.store import load_results
 
     profiles = sorted(p.parent for p in Path(results_dir).rglob("counts.parquet")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+from .devices.cost import expert_ffn_cost
 from .errors import NpuMoeError
 
 RESIDENCY_MODES = ("threshold", "cost", "all")
@@ -21,7 +22,6 @@ RESIDENCY_MODES = ("threshold", "cost", "all")
 
 def group_times(group, platform, hidden: int, intermediate: int, dtype_bytes: int = 2) -> tuple[float, float]:
     """(modeled NPU seconds for one call over the padded group, modeled CPU seconds for its expected tokens)."""
-    from .devices.cost import expert_ffn_cost
     g = len(group.experts)
     npu = platform.npu.estimate(expert_ffn_cost(g, int(group.capacity), hidden, intermediate, dtype_bytes))
     if group.expected_tokens <= 0:

@@ -1,9 +1,12 @@
 """Chunked prefill with the KV cache carried across chunks, every op timed (measured) or costed (modeled).
 
-The `Clock` is handed to the experts executor and to forward hooks on attention, routers and shared experts;
-each op becomes a timeline `Event` on a role ("npu" | "cpu"). On a measured platform (this host) durations
-come from `time.perf_counter` around the real op; on a modeled platform the op still runs for real (so
-accuracy is real) and its duration comes from the platform's cost model. Never both for one number.
+One path: `run_prefill(model, input_ids, PrefillConfig)` = clock -> `chunked_prefill` -> schedule -> summarise; the
+API (`npumoe_lab.prefill`), the runner, the notebooks and bench all go through it. Forward hooks on attention,
+routers and shared experts turn those modules into `ops.Op` records (costs from `geometry.ModelGeometry`, the same
+code a routing-only simulation uses); the experts executor emits its own through the chunk's `ChunkContext`. On a
+measured platform (this host) durations come from `time.perf_counter` around the real op; on a modeled one the op
+still runs for real (so accuracy is real) and its duration comes from the platform's cost model. Never both for one
+number.
 """
 from __future__ import annotations
 
@@ -11,109 +14,80 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from transformers import DynamicCache
 
-from .devices.cost import attention_cost, dense_cost, expert_ffn_cost, memory_cost
-from .engine import LayerStats, NullClock
+from .clock import NullClock, TimelineClock
+from .devices import get_platform
+from .engine import dynamic_experts_cost
 from .errors import NpuMoeError
-from .timeline import Event
+from .geometry import ModelGeometry
+from .models import find_moe_blocks
+from .ops import ChunkContext, Op, chunk_scope
+from .timeline import schedule, summarize
+
+ATTENTION_ROLES = ("npu", "cpu")
 
 
-@dataclass
-class Clock:
-    platform: object
-    measured: bool
-    attention_role: str = "cpu"
-    dtype_bytes: int = 2                  # bytes per weight/activation element on the modeled device
-    chunk: int = 0
-    pad_mask: torch.Tensor | None = None
-    events: list = field(default_factory=list)
-    stats: list = field(default_factory=list)    # (chunk, layer, LayerStats)
-    model_dims: dict = field(default_factory=dict)
+def check_context(context: int | None, tokens: int, what: str = "the prompt") -> None:
+    """The one context-length check: `tokens` must fit the model's context."""
+    if context is not None and tokens > context:
+        raise NpuMoeError(f"{what} has {tokens} tokens but the model's context is {context}; use at most "
+                          f"{context} (a shorter --prompt-len or --chunk)")
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """Where and how a prefill is timed, resolved once: the platform, measured or modeled, the NPU's precision."""
+    platform: object                       # devices.Platform
+    chunk: int
+    attention: str = "npu"                 # role of attention and the dense parts ("npu" | "cpu")
+    pad_token_id: int = 0
+    dtype_bytes: int = 2                   # bytes per element on the modeled device (fp16)
+
+    def __post_init__(self):
+        if isinstance(self.platform, str):
+            object.__setattr__(self, "platform", get_platform(self.platform))
+        if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
+            raise NpuMoeError(f"chunk must be an integer >= 1; got {self.chunk!r}")
+        if self.attention not in ATTENTION_ROLES:
+            raise NpuMoeError(f"attention={self.attention!r}: use one of {ATTENTION_ROLES}")
 
     @property
-    def source(self) -> str:
-        return "measured" if self.measured else "modeled"
+    def measured(self) -> bool:
+        return self.platform.kind == "measured"
 
-    def _add(self, name, role, layer, seconds, cost, deps):
-        if deps is None:
-            deps = (len(self.events) - 1,) if self.events else ()
-        deps = tuple(d for d in deps if d is not None)
-        self.events.append(Event(name=name, chunk=self.chunk, layer=layer, device=role, duration_s=float(seconds),
-                                 flops=float(cost.flops) if cost else 0.0, bytes=float(cost.bytes) if cost else 0.0,
-                                 timing_source=self.source, deps=deps, calls=int(cost.calls) if cost else 1))
-        return len(self.events) - 1
+    @property
+    def npu_dtype(self) -> torch.dtype | None:
+        """The NPU role's precision: a modeled ANE computes fp16; on a measured host groups keep the model's."""
+        return None if self.measured else torch.float16
 
-    def op(self, name, role, layer, spec, fn, *args, deps=None):
-        t0 = time.perf_counter()
-        result = fn(*args)
-        wall = time.perf_counter() - t0
-        cost = self.cost(spec)
-        seconds = wall if self.measured else self.platform.device(role).estimate(cost)
-        return result, self._add(name, role, layer, seconds, cost, deps)
-
-    def record(self, name, role, layer, wall, cost, deps=None):
-        """An op timed elsewhere (hooks): measured wall time or the modeled cost."""
-        seconds = wall if self.measured else self.platform.device(role).estimate(cost)
-        return self._add(name, role, layer, seconds, cost, deps)
-
-    def layer_stats(self, layer, stats: LayerStats):
-        self.stats.append((self.chunk, layer, stats))
-
-    # OpCost of an executor op (flops and bytes of what really ran)
-    def cost(self, spec):
-        kind, b = spec[0], self.dtype_bytes
-        H, I = self.model_dims.get("hidden", 0), self.model_dims.get("intermediate", 0)
-        if kind == "sort":
-            return memory_cost(spec[1] * 16, "dispatch")
-        if kind == "pack":
-            return memory_cost(2 * spec[1] * spec[2].shape[-1] * b, "pack")
-        if kind == "scatter":
-            d = spec[1]
-            return memory_cost(2 * d.slot.numel() * H * b, "scatter")
-        if kind == "ffn":
-            gs, w = spec[1], spec[2]
-            return expert_ffn_cost(len(gs.experts), gs.capacity, w.hidden, w.intermediate, dtype_bytes=b)
-        if kind == "dynamic":
-            mask, w = spec[1], spec[2]
-            return _dynamic_cost(spec[3], mask, w, b)
-        raise NpuMoeError(f"unknown op kind {kind!r}")
-
-
-def _dynamic_cost(top_k_index, mask, w, b):
-    """Experts at their actual loads, one call each (the CPU handles dynamic shapes)."""
-    loads = mask.sum().item()
-    n_exp = max(1, int(top_k_index[mask].unique().numel()))
-    cost = expert_ffn_cost(1, max(1, int(loads)), w.hidden, w.intermediate, dtype_bytes=b, calls=n_exp)
-    # weights of every expert touched are streamed once, not once for the whole slab
-    return type(cost)(name="experts_dynamic", flops=cost.flops,
-                      bytes=cost.bytes + (n_exp - 1) * 3 * w.hidden * w.intermediate * b, calls=n_exp)
+    def clock(self) -> TimelineClock:
+        return TimelineClock(self.platform, measured=self.measured)
 
 
 class _Hooks:
-    """Forward hooks timing attention, routers and shared experts of every decoder layer."""
+    """Forward hooks turning attention, routers and shared experts of every decoder layer into Ops."""
 
-    def __init__(self, model, clock: Clock, refs, measure_experts: bool):
-        self.clock, self.handles, self._t0 = clock, [], {}
-        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        self.cfg = cfg
-        layers = _decoder_layers(model)
+    def __init__(self, model, geometry: ModelGeometry, clock, refs, measure_experts: bool, attention_role: str):
+        self.clock, self.geometry, self.role, self.handles, self._t0 = clock, geometry, attention_role, [], {}
+        self.ctx: ChunkContext | None = None
         moe = {r.layer: r for r in refs}
-        for i, layer in enumerate(layers):
+        for i, layer in enumerate(_decoder_layers(model)):
             attn = getattr(layer, "self_attn", None) or getattr(layer, "attention", None)
             if attn is not None:
-                self._wrap(attn, "attention", i, clock.attention_role, self._attn_cost)
+                self._wrap(attn, i, lambda i=i: geometry.attention_op(i, self.ctx, self.role))
             ref = moe.get(i)
-            if ref is not None:
-                self._wrap(ref.router, "router", i, "cpu", self._router_cost(ref))
-                for name in ("shared_expert", "shared_experts"):
-                    shared = getattr(ref.block, name, None)
-                    if shared is not None:
-                        self._wrap(shared, "shared_experts", i, clock.attention_role, self._dense_cost(shared))
-                if measure_experts:
-                    self._wrap(ref.experts, "experts", i, "cpu", self._hf_experts_cost(ref))
+            if ref is None:
+                continue
+            self._wrap(ref.router, i, lambda i=i: geometry.router_op(i, self.ctx))
+            for name in ("shared_expert", "shared_experts"):
+                if getattr(ref.block, name, None) is not None:
+                    self._wrap(getattr(ref.block, name), i, lambda i=i: geometry.shared_op(i, self.ctx, self.role))
+            if measure_experts:
+                self._wrap(ref.experts, i, self._hf_experts_op(i), with_args=True)
 
-    def _wrap(self, module, name, layer, role, cost_fn):
-        key = (name, layer)
+    def _wrap(self, module, layer, make_op, with_args=False):
+        key = id(module)
 
         def pre(mod, args, kwargs):
             self._t0[key] = (time.perf_counter(), args, kwargs)
@@ -121,46 +95,20 @@ class _Hooks:
         def post(mod, args, kwargs, output):
             t0, a, kw = self._t0.pop(key)
             wall = time.perf_counter() - t0
-            self.clock.record(name, role, layer, wall, cost_fn(a, kw))
+            self.clock.record(make_op(a, kw) if with_args else make_op(), wall)
         self.handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         self.handles.append(module.register_forward_hook(post, with_kwargs=True))
 
-    def _attn_cost(self, args, kwargs):
-        c = self.cfg
-        hidden = args[0] if args else kwargs["hidden_states"]
-        T = hidden.shape[-2]
-        past = self.clock.model_dims.get("past", 0)
-        heads = c.num_attention_heads
-        head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
-        return attention_cost(T, past, c.hidden_size, heads, getattr(c, "num_key_value_heads", heads), head_dim,
-                              dtype_bytes=self.clock.dtype_bytes)
+    def _hf_experts_op(self, layer):
+        """HF's own experts (the reference variant): every assignment at its expert's actual load, on the CPU."""
+        spec = self.geometry.moe_layers[layer]
 
-    def _router_cost(self, ref):
-        def cost(args, kwargs):
-            x = args[0] if args else next(iter(kwargs.values()))
-            rows = x.reshape(-1, x.shape[-1]).shape[0]
-            n_exp = ref.experts.num_experts
-            return dense_cost(rows, x.shape[-1], n_exp, dtype_bytes=self.clock.dtype_bytes)
-        return cost
-
-    def _dense_cost(self, module):
-        n_params = sum(p.numel() for p in module.parameters())
-
-        def cost(args, kwargs):
-            x = args[0] if args else next(iter(kwargs.values()))
-            rows = x.reshape(-1, x.shape[-1]).shape[0]
-            c = dense_cost(rows, x.shape[-1], max(1, n_params // x.shape[-1]), dtype_bytes=self.clock.dtype_bytes)
-            return c
-        return cost
-
-    def _hf_experts_cost(self, ref):
-        from .models.weights import expert_weights
-        w = expert_weights(ref.experts)
-
-        def cost(args, kwargs):
+        def make(args, kwargs):
             idx = args[1] if len(args) > 1 else kwargs["top_k_index"]
-            return _dynamic_cost(idx, torch.ones_like(idx, dtype=torch.bool), w, self.clock.dtype_bytes)
-        return cost
+            cost = dynamic_experts_cost(idx, torch.ones_like(idx, dtype=torch.bool), spec.hidden, spec.intermediate,
+                                        self.ctx.dtype_bytes)
+            return Op("experts", "experts_hf", "cpu", layer, self.ctx.index, cost)
+        return make
 
     def remove(self):
         for h in self.handles:
@@ -175,91 +123,120 @@ def _decoder_layers(model):
     return layers
 
 
-def _record_rest(clock: Clock, model, chunk_wall: float, first_event: int, last: bool):
-    """Embeddings, norms, residual adds and the LM head: what no hook saw. Measured: the chunk's wall time
-    not covered by events; modeled: the LM head for the last token of the prompt (all TTFT needs)."""
-    cfg = model.config
-    if clock.measured:
-        seen = sum(e.duration_s for e in clock.events[first_event:])
-        wall, cost = max(0.0, chunk_wall - seen), None
-    else:
-        wall = 0.0
-        cost = dense_cost(1, cfg.hidden_size, cfg.vocab_size, dtype_bytes=clock.dtype_bytes) if last else \
-            memory_cost(2 * cfg.hidden_size * clock.dtype_bytes, "norms")
-    clock.record("other", "cpu", -1, wall, cost)
-
-
 @dataclass
 class PrefillResult:
-    logits: torch.Tensor          # [1, T, V] real positions only
+    logits: torch.Tensor | None   # [1, T, V] real positions only (None with keep_logits=False)
     past_key_values: object       # HF cache holding exactly the real tokens
-    events: list                  # timeline Events (unscheduled)
+    events: list                  # timeline Events (scheduled by run_prefill)
     stats: list                   # (chunk, layer, LayerStats)
     wall_s: float                 # measured wall time of the whole prefill on this host
+    summary: dict = field(default_factory=dict)
+
+
+def drop_pad_rates(stats) -> tuple[float, float]:
+    """(dropped / routed assignments, padded / computed static slots) over a prefill's LayerStats."""
+    routed = sum(s.routed for _, _, s in stats)
+    dropped = sum(s.dropped for _, _, s in stats)
+    slots = sum(s.slots for _, _, s in stats)
+    padded = sum(s.padded for _, _, s in stats)
+    return (dropped / routed if routed else 0.0), (padded / slots if slots else 0.0)
+
+
+def attached_layout(model):
+    """The ExecutionLayout of the attached plan executor, or None (dropless / HF experts)."""
+    executor = getattr(getattr(model, "_npumoe", None), "executor", None)
+    return getattr(executor, "layout", None)
 
 
 @torch.no_grad()
-def chunked_prefill(model, input_ids: torch.Tensor, chunk: int, clock: Clock | None = None,
-                    measure_hf_experts: bool = False, pad_token_id: int = 0) -> PrefillResult:
+def chunked_prefill(model, input_ids: torch.Tensor, chunk: int, clock=None, measure_hf_experts: bool = False,
+                    pad_token_id: int = 0, attention_role: str = "cpu", dtype_bytes: int = 2, on_chunk=None,
+                    keep_logits: bool = True) -> PrefillResult:
     """Prefill `input_ids` [1, T] in static chunks of `chunk` tokens, padding the last chunk.
 
     Padding tokens sit after every real token (so causal attention keeps real tokens' results exact), are
-    masked out of expert capacity by the executor, and are cropped from the KV cache afterwards.
+    masked out of expert capacity by the executor, and are cropped from the KV cache afterwards. `clock`: a
+    TimelineClock (None: untimed). `on_chunk(index)` runs after each chunk (calibration reads its routing there).
     """
-    from transformers import DynamicCache
-
-    from .models import find_moe_blocks
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise NpuMoeError(f"prefill takes input_ids of shape [1, T]; got {tuple(input_ids.shape)}")
     T = input_ids.shape[1]
     if T == 0:
         raise NpuMoeError("the prompt is empty: give at least one token")
-    ctx = getattr(model.config, "max_position_embeddings", None)
-    if ctx is not None and T > ctx:
-        raise NpuMoeError(f"the prompt has {T} tokens but the model's context is {ctx}; shorten the prompt "
-                          "or choose a smaller --prompt-len")
-    if chunk < 1:
-        raise NpuMoeError(f"chunk must be >= 1; got {chunk}")
-    refs = find_moe_blocks(model)
-    hooks = _Hooks(model, clock, refs, measure_hf_experts) if clock is not None else None
-    if clock is not None and refs:
-        w0 = refs[0].experts
-        clock.model_dims.update(hidden=model.config.hidden_size,
-                                intermediate=getattr(w0, "intermediate_dim", None) or w0.down_proj.shape[-1])
-    attachment = getattr(model, "_npumoe", None)
-    executor = getattr(attachment, "executor", None) if attachment is not None else None
-    previous_clock = getattr(executor, "clock", None)
+    check_context(getattr(model.config, "max_position_embeddings", None), T)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise NpuMoeError(f"chunk must be an integer >= 1; got {chunk!r}")
+    layout = attached_layout(model)
+    if layout is not None:
+        layout.check_chunk(chunk)
+    timed = clock is not None
+    clock = clock if timed else NullClock()
+    geometry = ModelGeometry.from_config(model.config) if timed else None
+    hooks = _Hooks(model, geometry, clock, find_moe_blocks(model), measure_hf_experts, attention_role) \
+        if timed else None
+    device = next(model.parameters()).device
     cache, logits = DynamicCache(config=model.config), []
     t_start = time.perf_counter()
     try:
         for c, s in enumerate(range(0, T, chunk)):
-            ids = input_ids[:, s:s + chunk]
+            ids = input_ids[:, s:s + chunk].to(device)
             n_real = ids.shape[1]
             pad = chunk - n_real                         # the static graphs take exactly `chunk` tokens
             if pad:
                 ids = torch.cat([ids, ids.new_full((1, pad), pad_token_id)], 1)
-            op_clock = clock if clock is not None else NullClock()   # carries chunk index and pad mask
-            op_clock.chunk = c
-            op_clock.pad_mask = (torch.arange(ids.shape[1]) >= n_real) if pad else None
-            if clock is not None:
-                clock.model_dims["past"] = s
-            if executor is not None and hasattr(executor, "clock"):
-                executor.clock = op_clock
-            n_events, t_chunk = len(clock.events) if clock else 0, time.perf_counter()
-            out = model(input_ids=ids, cache=cache, use_cache=True)
+            ctx = ChunkContext(index=c, past=s, n_real=n_real, length=chunk, clock=clock, dtype_bytes=dtype_bytes)
+            if hooks is not None:
+                hooks.ctx = ctx
+            n_events, t_chunk = len(getattr(clock, "events", ())), time.perf_counter()
+            with chunk_scope(ctx):
+                out = model(input_ids=ids, cache=cache, use_cache=True)
             cache = out.cache
-            if clock is not None:
-                _record_rest(clock, model, time.perf_counter() - t_chunk, n_events, last=s + chunk >= T)
-            logits.append(out.logits[:, :n_real].float())
-            if bool(torch.isnan(logits[-1]).any()):
+            if timed:
+                _record_rest(clock, geometry, ctx, time.perf_counter() - t_chunk, n_events, last=s + chunk >= T)
+            chunk_logits = out.logits[:, :n_real]
+            if bool(torch.isnan(chunk_logits).any()):
                 raise NpuMoeError(f"NaN in the logits of prefill chunk {c}; check the model weights/dtype")
+            if keep_logits:
+                logits.append(chunk_logits.float())
             if pad:
                 cache.crop(-pad)
+            if on_chunk is not None:
+                on_chunk(c)
     finally:
         if hooks is not None:
             hooks.remove()
-        if executor is not None and hasattr(executor, "clock") and previous_clock is not None:
-            executor.clock = previous_clock
     wall = time.perf_counter() - t_start
-    return PrefillResult(torch.cat(logits, 1), cache, clock.events if clock else [],
-                         clock.stats if clock else [], wall)
+    return PrefillResult(torch.cat(logits, 1) if keep_logits else None, cache, getattr(clock, "events", []),
+                         getattr(clock, "stats", []), wall)
+
+
+def _record_rest(clock, geometry: ModelGeometry, ctx: ChunkContext, chunk_wall: float, first_event: int,
+                 last: bool):
+    """The rest of the chunk (geometry.rest_op): measured = the chunk's wall time not covered by events."""
+    wall = max(0.0, chunk_wall - sum(e.duration_s for e in clock.events[first_event:])) if clock.measured else 0.0
+    clock.record(geometry.rest_op(ctx, last, clock.measured), wall)
+
+
+def finish(result: PrefillResult, config: PrefillConfig, n_tokens: int) -> PrefillResult:
+    """Schedule the events on the platform and summarise them (TTFT, energy, cycles, drop and pad rates)."""
+    result.events = schedule(result.events, npu_shares_cpu=config.platform.npu_shares_cpu)
+    drop, pad = drop_pad_rates(result.stats)
+    result.summary = dict(summarize(result.events, config.platform, n_tokens=n_tokens), drop_rate=drop,
+                          pad_rate=pad, host_wall_s=result.wall_s)
+    return result
+
+
+def run_prefill(model, input_ids, config: PrefillConfig, measure_hf_experts: bool | None = None) -> PrefillResult:
+    """The single timed prefill path: clock -> chunked prefill -> schedule -> summary (`result.summary`).
+    `measure_hf_experts` (default: when the model is not attached) records HF's own experts as one op per layer."""
+    ids = torch.as_tensor(input_ids).reshape(1, -1)
+    if measure_hf_experts is None:
+        measure_hf_experts = getattr(model, "_npumoe", None) is None
+    res = chunked_prefill(model, ids, config.chunk, config.clock(), measure_hf_experts=measure_hf_experts,
+                          pad_token_id=config.pad_token_id, attention_role=config.attention,
+                          dtype_bytes=config.dtype_bytes)
+    return finish(res, config, n_tokens=ids.shape[1])
+
+
+__all__ = ["PrefillConfig", "PrefillResult", "run_prefill", "chunked_prefill", "finish", "check_context",
+           "drop_pad_rates", "attached_layout"]

@@ -9,7 +9,7 @@ roles share one queue. `summarize` turns a scheduled timeline into the result-ro
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import pandas as pd
 
@@ -42,11 +42,15 @@ class Event:
                               f"use one of {TIMING_SOURCES}")
         for f in ("duration_s", "flops", "bytes"):
             v = getattr(self, f)
+            if type(v) is float and 0 <= v < math.inf:     # the common case, checked cheaply (millions per sweep)
+                continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise NpuMoeError(f"event {self.name!r}: {f} must be a finite number >= 0, got {v!r}")
-        if isinstance(self.calls, bool) or not isinstance(self.calls, int) or self.calls < 0:
+        if type(self.calls) is not int and (isinstance(self.calls, bool) or not isinstance(self.calls, int)) \
+                or self.calls < 0:
             raise NpuMoeError(f"event {self.name!r}: calls must be an integer >= 0, got {self.calls!r}")
-        object.__setattr__(self, "deps", tuple(int(d) for d in self.deps))
+        if type(self.deps) is not tuple:          # schedule() checks that each dep is an earlier event
+            object.__setattr__(self, "deps", tuple(int(d) for d in self.deps))
 
     @property
     def end_s(self) -> float:
@@ -74,13 +78,19 @@ def schedule(events, npu_shares_cpu: bool = False) -> list[Event]:
     free = {"npu": 0.0, "cpu": 0.0}
     out: list[Event] = []
     for i, ev in enumerate(events):
-        bad = [d for d in ev.deps if not 0 <= d < i]
-        if bad:
-            raise NpuMoeError(f"event {i} ({ev.name!r}) depends on {bad}, which are not earlier events; "
-                              f"submit events after everything they depend on")
         queue = "cpu" if npu_shares_cpu else ev.device
-        start = max([free[queue], *(out[d].end_s for d in ev.deps)])
-        out.append(replace(ev, start_s=start))
+        start = free[queue]
+        for d in ev.deps:
+            if not 0 <= d < i:
+                raise NpuMoeError(f"event {i} ({ev.name!r}) depends on {[d for d in ev.deps if not 0 <= d < i]}, which are not earlier "
+                                  "events; submit events after everything they depend on")
+            end = out[d].start_s + out[d].duration_s
+            if end > start:
+                start = end
+        placed = object.__new__(Event)           # a copy with its start time: the fields were validated already
+        placed.__dict__.update(ev.__dict__)
+        object.__setattr__(placed, "start_s", start)
+        out.append(placed)
         free[queue] = start + ev.duration_s
     return out
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from .errors import NpuMoeError
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = REPO_ROOT / "data"
 
@@ -68,7 +70,6 @@ def with_torch_threads(fn):
             return fn(*args, **kwargs)
         import torch
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            from .errors import NpuMoeError
             raise NpuMoeError(f"threads must be a positive integer (torch intra-op threads); got {threads!r}")
         prev = torch.get_num_threads()
         torch.set_num_threads(threads)

@@ -58,10 +58,3 @@ def parse_variants(spec: str | list[str]) -> list[Variant]:
     if not names:
         raise NpuMoeError(f"no variant given; valid variants: {', '.join(VARIANTS)}")
     return [get_variant(n) for n in names]
-
-
-def dynamic_plan(specs) -> dict:
-    """A plan-shaped description where every expert is cold and runs dynamically on the CPU."""
-    return {"saliency": "position", "renormalize": False,
-            "layers": [{"layer": s.layer, "groups": [{"id": e, "experts": [e], "capacity": 1, "resident": False}
-                                                     for e in range(s.n_experts)]} for s in specs]}

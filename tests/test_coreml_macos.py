@@ -30,7 +30,7 @@ def group(tmp_path_factory):
 
 
 def test_predict_group_matches_expert_path(group):
-    from npumoe_lab.devices.coreml import CoreMLDevice
+    from npumoe_lab.backends.coreml import CoreMLDevice
     path, spec, w = group
     dev = CoreMLDevice("CPU_AND_NE")
     for cap in spec.capacities:
@@ -43,7 +43,7 @@ def test_predict_group_matches_expert_path(group):
 
 
 def test_predict_attention_two_chunks_matches_hf(tmp_path):
-    from npumoe_lab.devices.coreml import CoreMLDevice
+    from npumoe_lab.backends.coreml import CoreMLDevice
     from npumoe_lab.graphs.coreml import build_attention_package
     from npumoe_lab.graphs.modules import chunk_inputs
     _, _, attn, rotary = tiny_parts("qwen3_moe")
@@ -63,14 +63,14 @@ def test_predict_attention_two_chunks_matches_hf(tmp_path):
 
 
 def test_compute_plan_reports_placement(group):
-    from npumoe_lab.devices.coreml import placement
+    from npumoe_lab.backends.coreml import placement
     path, _, _ = group
     rep = placement(path, "cap16", resident=False)
     assert sum(rep.ops.values()) == 5 and set(rep.ops) <= {"ANE", "GPU", "CPU"}  # conv x3, silu, mul
 
 
 def test_powermetrics_live():
-    from npumoe_lab.devices.coreml import PowerMetrics
+    from npumoe_lab.backends.coreml import PowerMetrics
     if subprocess.run(["sudo", "-n", "true"], capture_output=True).returncode != 0:
         pytest.skip("powermetrics needs passwordless sudo (sudo -n)")
     with PowerMetrics(interval_ms=100) as pm:

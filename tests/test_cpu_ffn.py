@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 import torch
 
+from npumoe_lab.clock import NullClock
 from npumoe_lab.cpu_ffn import PackedExperts, onednn_packs, resolve_kernel
 from npumoe_lab.engine import PlanExecutor
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.experts import LayerHandle
 from npumoe_lab.models.weights import expert_weights
+from npumoe_lab.ops import ChunkContext, chunk_scope
 from tests.test_fastpath import E, H, K, T, experts_module, plan, routing
 
 torch.set_num_threads(1)
@@ -88,15 +90,9 @@ def test_bad_kernel_name_and_kernel_choice():
         PlanExecutor(plan((16, 16)), [LayerHandle(0, experts_module())], pad_rows="none")
 
 
-class _Measured:
-    """A clock that says it measures wall time (like runtime.Clock(measured=True))."""
-    measured, chunk, pad_mask = True, 0, None
-
-    def op(self, name, role, layer, cost, fn, *args, deps=()):
-        return fn(*args), None
-
-    def layer_stats(self, layer, stats):
-        pass
+class _Measured(NullClock):
+    """A clock that says it measures wall time (like TimelineClock(platform, measured=True))."""
+    measured = True
 
 
 def _rows_computed(monkeypatch):
@@ -145,7 +141,8 @@ def test_auto_padding_computes_static_shapes_only_when_measured(monkeypatch):
     hidden = torch.randn(T, H, generator=torch.Generator().manual_seed(4))
     idx, w = routing(2)
     seen = _rows_computed(monkeypatch)
-    PlanExecutor(plan((16, 16)), [h], clock=_Measured(), cpu_kernel="onednn")(h, hidden, idx, w)
+    with chunk_scope(ChunkContext(index=0, past=0, n_real=T, length=T, clock=_Measured())):
+        PlanExecutor(plan((16, 16)), [h], cpu_kernel="onednn")(h, hidden, idx, w)
     assert seen == [16] * E                                # a measured static graph pays for its padding
     seen.clear()
     PlanExecutor(plan((16, 16)), [h], cpu_kernel="onednn")(h, hidden, idx, w)   # untimed: the filled rows only

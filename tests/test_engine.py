@@ -7,23 +7,18 @@ from npumoe_lab.engine import PlanExecutor
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.models import describe
 from npumoe_lab.runtime import chunked_prefill
-from npumoe_lab.variants import dynamic_plan
+from npumoe_lab.layout import ExecutionLayout
 from tests.model_zoo import tiny_model
 
 torch.set_num_threads(1)
 
 
 def make_plan(specs, capacity, group_size=2, cold_every=0, saliency="weight_x_norm", renormalize=False):
-    """Plan-shaped dict: experts grouped in id order at one capacity; every `cold_every`-th group on the CPU."""
-    layers = []
-    for s in specs:
-        groups = []
-        for gid, start in enumerate(range(0, s.n_experts, group_size)):
-            experts = list(range(start, min(start + group_size, s.n_experts)))
-            resident = not (cold_every and gid % cold_every == cold_every - 1)
-            groups.append({"id": gid, "experts": experts, "capacity": capacity, "resident": resident})
-        layers.append({"layer": s.layer, "groups": groups})
-    return {"saliency": saliency, "renormalize": renormalize, "layers": layers}
+    """Hand-made layout: experts grouped in id order at one capacity; every `cold_every`-th group on the CPU."""
+    groups = {s.layer: [(range(start, min(start + group_size, s.n_experts)), capacity,
+                         not (cold_every and gid % cold_every == cold_every - 1))
+                        for gid, start in enumerate(range(0, s.n_experts, group_size))] for s in specs}
+    return ExecutionLayout.build(specs, groups, saliency=saliency, renormalize=renormalize)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +40,7 @@ def test_capacity_at_least_load_equals_reference(model, chunk, setup):
     ref = hf_logits(model, ids)
     specs = describe(model)
     if setup == "dynamic":
-        nl.attach(model, dynamic_plan(specs))
+        nl.attach(model, ExecutionLayout.dropless(specs))
     else:   # capacity = chunk: an expert can take every token of a chunk, so nothing can be dropped
         cold_every = 2 if "cold" in setup else 0
         nl.attach(model, make_plan(specs, chunk, cold_every=cold_every), spill=setup == "spill",
@@ -72,11 +67,11 @@ def test_small_capacity_drops_and_spill_recovers(model):
     ids = torch.randint(3, 128, (1, 64), generator=torch.Generator().manual_seed(4))
     ref = hf_logits(model, ids)
     specs = describe(model)
-    from npumoe_lab.runtime import Clock
+    from npumoe_lab.clock import TimelineClock
     from npumoe_lab.devices import get_platform
     nl.attach(model, make_plan(specs, capacity=4))
-    clock = Clock(get_platform("m2-max"), measured=False, attention_role="npu")
-    dropped = chunked_prefill(model, ids, 32, clock)
+    clock = TimelineClock(get_platform("m2-max"), measured=False)
+    dropped = chunked_prefill(model, ids, 32, clock, attention_role="npu")
     n_drop = sum(s.dropped for _, _, s in clock.stats)
     n_routed = sum(s.routed for _, _, s in clock.stats)
     assert n_routed == 64 * 2 * len(specs) and n_drop > 0
@@ -123,8 +118,27 @@ def test_bad_prompts(model):
 
 
 def test_plan_for_another_model_is_rejected(model):
-    with pytest.raises(NpuMoeError, match="no entry for MoE layers"):
-        PlanExecutor({"saliency": "position", "layers": []}, nl.attach(model)._npumoe.handles)
+    handles = nl.attach(model)._npumoe.handles
+    nl.detach(model)
+    with pytest.raises(NpuMoeError, match="no entry for MoE layer"):
+        PlanExecutor(ExecutionLayout((), "position", False, None, None), handles)
+    with pytest.raises(NpuMoeError, match="Plan or an ExecutionLayout"):   # plan-shaped dicts are gone
+        PlanExecutor({"saliency": "position", "layers": []}, handles)
+
+
+def test_attach_and_prefill_check_the_plans_model_and_chunk(model):
+    from tests.test_calibration import TEXT, CharTokenizer
+    prof = nl.calibrate(model, CharTokenizer(), chunk=16, tokens=64, text=TEXT)
+    plan = nl.build_plan(prof, model, group_size=2, min_capacity=1, align=1)
+    other = tiny_model("qwen3_moe", seed=4)                   # same geometry, other weights
+    with pytest.raises(NpuMoeError, match="built for model .* but this model is"):
+        nl.attach(other, plan)
+    assert getattr(other, "_npumoe", None) is None            # nothing half-attached
+    nl.attach(model, plan)
+    ids = torch.randint(3, 128, (1, 40), generator=torch.Generator().manual_seed(7))
+    with pytest.raises(NpuMoeError, match="sized for prefill chunks of 16 tokens but the prefill uses 32"):
+        chunked_prefill(model, ids, 32)
+    assert chunked_prefill(model, ids, 16).logits.shape == (1, 40, model.config.vocab_size)
     nl.detach(model)
 
 

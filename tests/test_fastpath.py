@@ -1,6 +1,8 @@
 """The CPU fast path (issue 8): reused buffers, in-place group FFN, bmm scatter, bmm-friendly weight layout.
 
 References: HF's own eager experts forward (tiny Qwen3-MoE experts module) and the plain allocation path."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 from transformers import AutoConfig
@@ -8,6 +10,7 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
 from npumoe_lab.engine import PlanExecutor, _bmm_weights
 from npumoe_lab.experts import LayerHandle
+from npumoe_lab.layout import ExecutionLayout
 from npumoe_lab.packing import Workspace, group_ffn, group_ffn_into, pack, plan_dispatch, scatter
 
 torch.set_num_threads(1)
@@ -33,11 +36,12 @@ def routing(seed, n=T, dtype=torch.float32, hot=True):
     return idx, torch.softmax(v, 1).to(dtype)
 
 
+SPEC = SimpleNamespace(layer=0, n_experts=E, top_k=K, hidden=H, intermediate=I)
+
+
 def plan(capacity):
     """Two groups of 4 experts at the given capacities (every expert resident)."""
-    groups = [{"id": 0, "experts": [0, 1, 2, 3], "capacity": capacity[0], "resident": True},
-              {"id": 1, "experts": [4, 5, 6, 7], "capacity": capacity[1], "resident": True}]
-    return {"saliency": "weight_x_norm", "renormalize": False, "layers": [{"layer": 0, "groups": groups}]}
+    return ExecutionLayout.build([SPEC], {0: [((0, 1, 2, 3), capacity[0], True), ((4, 5, 6, 7), capacity[1], True)]})
 
 
 @torch.no_grad()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from npumoe_lab.devices import get_platform
-from npumoe_lab.devices.coreml import CoreMLDevice, energy_j, parse_powermetrics, placement
+from npumoe_lab.backends.coreml import CoreMLDevice, energy_j, parse_powermetrics, placement
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.graphs import (AttentionGraphSpec, ChunkAttention, GraphCache, GroupFFN, Limits, chunk_inputs,
                                from_layout, group_specs, model_parts, to_layout)

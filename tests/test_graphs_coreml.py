@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from npumoe_lab.devices.coreml import function_io
+from npumoe_lab.backends.coreml import function_io
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.graphs import AttentionGraphSpec, GraphCache, GroupGraphSpec, Limits, build_graphs
 from npumoe_lab.graphs.coreml import CoreMLOptions, build_attention_package, build_group_package, require_coremltools

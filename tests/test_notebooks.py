@@ -25,7 +25,7 @@ from npumoe_lab.utils import REPO_ROOT  # noqa: E402
 
 NB_DIR = REPO_ROOT / "notebooks"
 NOTEBOOKS = ("00_quickstart", "01_calibration", "02_static_tiers", "03_grouping", "04_residency", "05_baselines",
-             "06_accuracy", "07_figures")
+             "06_accuracy", "07_figures", "08_paper_scale")
 MODEL = os.environ.get("NPUMOE_NOTEBOOK_TEST_MODEL", "tiny")   # another checkpoint folder: test against it
 SMALL = dict(model=MODEL, prompt_len=256, chunk=128, calib_tokens=1024, n_samples=1)
 
@@ -214,6 +214,17 @@ def test_07_figures(baselines, tmp_path):
     made = {p.name for p in (tmp_path / "figs").iterdir()}
     assert {"baselines.png", "baselines.pdf", "ablation.png", "ablation.pdf"} <= made
     assert len(images(nb)) == len([m for m in made if m.endswith(".png")])
+
+
+def test_08_paper_scale(kernel_env, tmp_path):
+    nb = execute("08_paper_scale", tmp_path, geometries="phi-tiny-moe", platforms="m2-max", prompt_len=512,
+                 chunk=256, out_dir=str(tmp_path / "rows"))
+    assert not errors(nb)
+    rows = load_results(tmp_path / "rows")
+    assert len(rows) == 9 and set(rows.numerics_source) == {"none"} and set(rows.timing_source) == {"modeled"}
+    assert len(images(nb)) == 2                 # main figure + ablation
+    text = "".join(o.get("data", {}).get("text/markdown", "") for c in nb.cells for o in c.get("outputs", []))
+    assert "Where NPUMoE loses" in text and "phi-tiny-moe" in text
 
 
 def test_sweep_yaml_names_notebook_parameters():

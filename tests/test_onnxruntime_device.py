@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from npumoe_lab.devices.onnxruntime import OnnxGroupRunner, OnnxRuntimeDevice
+from npumoe_lab.backends.onnxruntime import OnnxGroupRunner, OnnxRuntimeDevice
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.graphs import GraphCache, GroupGraphSpec, chunk_inputs, subset
 from npumoe_lab.graphs.modules import MASK_MIN

@@ -48,11 +48,15 @@ def test_killed_multi_worker_sweep_takes_its_workers_with_it(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     parent = psutil.Process(proc.pid)
     deadline = time.time() + 90
-    while time.time() < deadline and len(list(out.glob("cells/*/executed.ipynb"))) < 2:   # both cells running
+    family = []
+    while time.time() < deadline:            # both cells running: 2 pool workers + their 2 kernels (+ helpers)
         assert proc.poll() is None
+        family = parent.children(recursive=True)
+        kernels = [p for p in family if "ipykernel" in " ".join(p.cmdline())]
+        if len(kernels) == 2 and len(list(out.glob("cells/*/executed.ipynb"))) == 2:
+            break
         time.sleep(0.2)
-    family = parent.children(recursive=True)
-    assert len(family) >= 4, family          # 2 pool workers + their kernels (+ the pool's helper)
+    assert len(family) >= 4, family
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     gone, alive = psutil.wait_procs(family, timeout=15)

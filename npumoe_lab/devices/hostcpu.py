@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 import platform as _platform
 
+from .hostprofile import load_host_profile
+from .platform import format_platforms
+
 # the flags that decide which dtype and kernels are fast here
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
 
@@ -33,7 +36,6 @@ def cpu_info(path: str = "/proc/cpuinfo") -> dict:
 
 def describe_host(info: dict | None = None) -> str:
     """A few lines on the measured `cpu` platform's real host and whether its cost model was measured here."""
-    from .hostprofile import load_host_profile
     info = info or cpu_info()
     isa = ", ".join(f"{f} {'yes' if f in info['flags'] else 'no'}" for f in ISA_FLAGS) if info["flags"] else \
         "flags not readable"
@@ -47,5 +49,4 @@ def describe_host(info: dict | None = None) -> str:
 
 
 def platforms_report() -> str:
-    from .platform import format_platforms
     return format_platforms() + "\n\n" + describe_host()

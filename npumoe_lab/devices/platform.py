@@ -208,7 +208,7 @@ def get_platform(name: str, **overrides) -> Platform:
     raw = copy.deepcopy(_read_yaml(name))
     params = {role: raw[role] for role in ROLES}
     if any("from_host_profile" in e for r in ROLES for e in params[r].values()):
-        from .hostprofile import fill_host_params
+        from .hostprofile import fill_host_params   # lazy: measures or reads this host only for the cpu platform
         fill_host_params(params)
     for knob, value in sorted(overrides.items()):
         _apply_override(params, knob, value)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -16,7 +17,10 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import NpuMoeError
+from ..plot_helpers import default_knobs
+from ..stats import change_statement
 from ..utils import REPO_ROOT
+from .outdir import check_writable
 
 DEMO_SWEEP = REPO_ROOT / "sweeps" / "demo.yaml"
 FIGURE_NOTES = {
@@ -28,6 +32,7 @@ FIGURE_NOTES = {
     "grouping": "group size vs TTFT / energy / NPU calls",
     "residency": "hot threshold vs TTFT / energy",
     "popularity": "calibration: load share per expert and layer",
+    "paper": "the paper's three models simulated (modeled M2 Max / M2 Ultra): main figure and ablation",
 }
 SUMMARY_COLUMNS = ("ttft_s", "energy_per_token_mj", "cpu_cycles", "n_npu_calls", "drop_rate", "score")
 
@@ -42,6 +47,7 @@ def kernel_env() -> None:
 
 def summary_markdown(df: pd.DataFrame, sources: dict) -> str:
     """SUMMARY.md: variant x platform table (medians over cells/repeats) + ablation ratios next to the paper's."""
+    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
     from ..variants import ABLATION, PAPER_ABLATION_SPEEDUP, VARIANTS
     lines = ["# npumoe-lab demo: summary", ""]
     lines += [f"- {k}: {v}" for k, v in sources.items()]
@@ -55,7 +61,6 @@ def summary_markdown(df: pd.DataFrame, sources: dict) -> str:
                   f"{int((df.get('platform_kind') == 'measured').sum()) or len(busy)} measured rows flagged "
                   f"`host_busy`; e.g. {busy['host_busy_reason'].iloc[0]}): their times are not what a quiet "
                   "machine gives. Modeled rows are unaffected.", ""]
-    from ..plot_helpers import default_knobs
     knob = df["percentile"].notna() if "percentile" in df.columns else pd.Series(False, index=df.index)
     matched, df = df[knob], default_knobs(df[~knob]) if (~knob).any() else df
     for (p, c), g in df.groupby(["prompt_len", "chunk"]):
@@ -89,6 +94,7 @@ def summary_markdown(df: pd.DataFrame, sources: dict) -> str:
 def _ablation_table(agg: pd.DataFrame) -> list[str]:
     """Speedups over npumoe-base, each with the drop rate of its step (a speedup bought with drops is another
     accuracy point)."""
+    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
     from ..variants import ABLATION, PAPER_ABLATION_SPEEDUP
     lines = ["| platform | timing | " + " | ".join(ABLATION) + " |", "|---|---|" + "---:|" * len(ABLATION)]
     for plat, pg in agg.groupby("platform", sort=False):
@@ -104,7 +110,6 @@ def _ablation_table(agg: pd.DataFrame) -> list[str]:
 def _accuracy_lines(g: pd.DataFrame) -> list[str]:
     """Exact bounds of each variant's accuracy change (discordant pairs), with top-1 agreement and KL, which
     still move when the task score saturates."""
-    from ..stats import change_statement
     if "accuracy_lost" not in g.columns:
         return []
     out = ["Accuracy vs reference (same samples; exact 95% bounds from the discordant pairs):", ""]
@@ -128,6 +133,7 @@ def _plan_check(df: pd.DataFrame, saved: dict) -> str:
 def _archive_stale_sweep(sweep_dir: Path, fingerprint: str) -> None:
     """A re-run resumes the sweep (cells with DONE.json are skipped), but rows of another model (e.g. before the
     tiny model was retrained) must not be mixed in: move such a sweep folder aside to `_previous/`."""
+    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
     from .store import load_results
     if not sweep_dir.is_dir():
         return
@@ -145,7 +151,9 @@ def _archive_stale_sweep(sweep_dir: Path, fingerprint: str) -> None:
 def draw_figures(out: Path) -> list[Path]:
     """Every figure of the demo: the whole output folder's (the sweep's rows + the calibration profiles ->
     popularity heatmaps), each platform's baselines on its own too."""
+    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
     from ..plots import make_all_figures, plot_baselines, save_figure
+    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
     from .store import load_results
     figs = make_all_figures(out, out / "figures")
     for plat, g in load_results(out / "sweep").groupby("platform"):
@@ -153,17 +161,50 @@ def draw_figures(out: Path) -> list[Path]:
     return figs
 
 
+PAPER_SCALE = dict(geometry="qwen3-30b-a3b,phi-3.5-moe,phi-tiny-moe", routing="synthetic:gini=0.6",
+                   platforms="m2-max,m2-ultra", variants="all", prompt_len=1024, chunk=512)
+
+
+def paper_scale_section(out: Path) -> tuple[str, list]:
+    """The paper's three models simulated (geometry + routing statistics, no weights; all modeled): rows in
+    `paper-scale/`, the main figure and ablation of that grid, and the SUMMARY section saying what it shows."""
+    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
+    from ..plots import plot_ablation, plot_baselines, save_figure
+    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
+    from ..sim.report import paper_scale_markdown
+    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
+    from ..sim.run import simulate
+    print("[demo] simulating the paper's models (Qwen3-30B-A3B, Phi-3.5-MoE, Phi-tiny-MoE) ...", flush=True)
+    df = simulate(**PAPER_SCALE, out=out / "paper-scale")
+    figs = save_figure(plot_baselines(df), out / "figures", "paper-scale-baselines") + \
+        save_figure(plot_ablation(df), out / "figures", "paper-scale-ablation")
+    args = " ".join(f"--{k.replace('_', '-').rstrip('s') if k in ('platforms', 'variants') else k.replace('_', '-')} "
+                    f"{v}" for k, v in PAPER_SCALE.items())
+    return (f"## Paper scale, simulated (`npumoe-lab simulate {args}`)\n\n" + paper_scale_markdown(df) + "\n",
+            figs)
+
+
 def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
     import yaml
 
+    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
     from ..models import load_model, model_fingerprint
+    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
     from ..variants import VARIANTS
-    from .runner import PLAN_KNOBS, build_variant_plan, calibration_profile
+    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
+    from ..plan import variant_plan
+    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
+    from .runner import PLAN_KNOBS, calibration_profile
+    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
     from .store import load_results
+    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
     from .sweep import run_sweep
+    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
     from .sweep_spec import load_spec
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    # the simulated rows are redrawn below; last run's must not mix into the sweep's figures (make_all_figures(out))
+    shutil.rmtree(out / "paper-scale", ignore_errors=True)
     kernel_env()
     t0 = time.time()
     spec = load_spec(sweep)
@@ -183,8 +224,8 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
         for plat in [x.strip() for x in str(p.get("platforms", "cpu,m2-max")).split(",") if x.strip()]:
             for v in [v for v in VARIANTS.values() if v.experts == "plan"]:
                 # exactly the plan run_experiment builds for the sweep's cells (same function, same knobs)
-                knobs = {k: p[k] for k in PLAN_KNOBS if k in p}
-                plan = build_variant_plan(prof, model, v, plat, knobs)
+                knobs = {k: p[k] for k in PLAN_KNOBS if p.get(k) is not None}
+                plan = variant_plan(prof, v.name, model, platform=plat, **knobs)
                 plan.save(out / "plans" / f"{v.name}-{plat}-chunk{c}.json")
                 saved_plans[plan.hash] = f"{v.name}-{plat}-chunk{c}.json"
     _archive_stale_sweep(out / "sweep", model_fingerprint(model))
@@ -197,6 +238,8 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
     print("[demo] drawing figures ...", flush=True)
     figs = draw_figures(out)
     df = load_results(out / "sweep")
+    paper_scale, paper_figs = paper_scale_section(out)
+    figs += paper_figs
     sources = {"model": f"`{model_name}`" + (" (the bundled data/models/npumoe-tiny)" if model_name == "tiny" else ""),
                "sweep": f"`{Path(sweep).relative_to(REPO_ROOT) if Path(sweep).is_relative_to(REPO_ROOT) else sweep}`"
                         f" -> `{out / 'sweep'}` ({len(report.done) + len(report.skipped)} cells ok, "
@@ -212,7 +255,7 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
                "wall time of the demo": f"{time.time() - t0:.0f} s"}
     path = out / "SUMMARY.md"
     pngs = sorted(p.name for p in figs if p.suffix == ".png")
-    path.write_text(summary_markdown(df, sources) + "\n## Figures (`figures/`, PNG + PDF)\n\n"
+    path.write_text(summary_markdown(df, sources) + "\n" + paper_scale + "\n## Figures (`figures/`, PNG + PDF)\n\n"
                     + "\n".join(f"- `{n}`: {FIGURE_NOTES.get(n.split('.')[0].split('-')[0], '')}" for n in pngs)
                     + "\n")
     print(f"[demo] done in {time.time() - t0:.0f} s: {path}", flush=True)
@@ -229,7 +272,6 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=1)
     a = ap.parse_args(argv)
     try:
-        from .outdir import check_writable
         check_writable(a.out)
         run_demo(a.out, a.sweep, a.workers)
     except NpuMoeError as exc:

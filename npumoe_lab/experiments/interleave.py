@@ -6,6 +6,8 @@ A configuration is what `attach` / `set_experts_implementation` left on the mode
 """
 from __future__ import annotations
 
+from ..experts import IMPLEMENTATION, detach
+
 
 def snapshot(model):
     """The model's current experts configuration."""
@@ -14,7 +16,6 @@ def snapshot(model):
 
 def restore(model, snap) -> None:
     """Put the model back into a configuration taken by `snapshot` (the attachment object is reused as is)."""
-    from ..experts import IMPLEMENTATION, detach
     attachment, impl = snap
     if getattr(model, "_npumoe", None) is not attachment:
         detach(model)

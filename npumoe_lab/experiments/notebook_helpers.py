@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import NpuMoeError
+from ..utils import host_description
 
 
 def model_label(model) -> str:
@@ -17,6 +18,7 @@ def model_label(model) -> str:
 
 def load(model="tiny"):
     """(model, tokenizer) with a tokenizer: every notebook needs text in, so a checkpoint without one is an error."""
+    # lazy: every notebook kernel imports these helpers; each loads only what it uses
     from ..models import load_model
     m, tok = load_model(model)
     if tok is None:
@@ -40,6 +42,7 @@ def dropless_parity(model, input_ids) -> dict:
     Leaves the model detached (HF's experts)."""
     import torch
 
+    # lazy: every notebook kernel imports these helpers; each loads only what it uses
     from ..experts import attach, detach
     ids = torch.as_tensor(input_ids).reshape(1, -1)
     detach(model)
@@ -58,8 +61,8 @@ def dropless_parity(model, input_ids) -> dict:
 def prefill_rows(results: dict, model: str, workload: str, variant: str, prompt_len: int, chunk: int,
                  plan=None) -> pd.DataFrame:
     """Result rows (the store's schema) from `{platform name: PrefillResult}` of `npumoe_lab.prefill` calls."""
+    # lazy: every notebook kernel imports these helpers; each loads only what it uses
     from ..devices import get_platform
-    from ..utils import host_description
     rows = []
     for plat_name, res in results.items():
         plat = get_platform(plat_name)
@@ -80,6 +83,7 @@ def run_knob_sweep(model, knob: str, values, *, model_name: str | None = None, *
     """`run_experiment` once per value of one plan knob (tiers, group_size, hot_threshold, percentile, ...);
     rows are concatenated and carry the knob's value in a column of the knob's name (`n_tiers` for tiers).
     `model`: a name/path or a loaded (model, tokenizer) tuple (loaded once and reused)."""
+    # lazy: every notebook kernel imports these helpers; each loads only what it uses
     from .runner import PLAN_KNOBS, run_experiment
     if knob not in PLAN_KNOBS:
         raise NpuMoeError(f"{knob!r} is not a plan knob; sweep one of {', '.join(PLAN_KNOBS)}")
@@ -99,6 +103,7 @@ def run_knob_sweep(model, knob: str, values, *, model_name: str | None = None, *
 
 def calibrate_workloads(model, tokenizer, workloads, chunk: int, tokens: int, seed: int = 0) -> dict:
     """{workload or domain name: CalibrationProfile} for each calibration text source."""
+    # lazy: every notebook kernel imports these helpers; each loads only what it uses
     from ..calibration import calibrate
     return {w: calibrate(model, tokenizer, workload=w, chunk=chunk, tokens=tokens, seed=seed) for w in workloads}
 
@@ -127,5 +132,6 @@ def maybe_write(rows, out_dir, name: str | None = None):
     """Write result rows with `write_rows` when the notebook's `out_dir` parameter is set; returns the path or None."""
     if out_dir is None:
         return None
+    # lazy: every notebook kernel imports these helpers; each loads only what it uses
     from .store import write_rows
     return write_rows(rows, out_dir, name=name)

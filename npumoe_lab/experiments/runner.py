@@ -18,7 +18,9 @@ from ..devices.hostload import HostLoad, warn_if_busy
 from ..errors import NpuMoeError
 from ..stats import change_statement, paired_exact
 from ..utils import progress, provenance, with_torch_threads
-from ..variants import ABLATION, PAPER_ABLATION_SPEEDUP, dynamic_plan, parse_variants
+from ..layout import ExecutionLayout
+from ..runtime import PrefillConfig, check_context, chunked_prefill, run_prefill
+from ..variants import ABLATION, PAPER_ABLATION_SPEEDUP, parse_variants
 from . import interleave
 
 MEASURED_REPEATS = 3   # default repeats of a measured platform (median and IQR need several); modeled: 1
@@ -42,39 +44,24 @@ def calibration_profile(model, tokenizer, workload: str, chunk: int, tokens: int
     return profile
 
 
-def build_variant_plan(profile, model, variant, platform_name: str, knobs: dict):
-    """The plan `run_experiment` runs for a plan-based variant (the demo saves exactly these)."""
-    from ..plan import build_plan
-    kw = {k: v for k, v in knobs.items() if v is not None}
-    kw.update(variant.plan_overrides)
-    return build_plan(profile, model, platform=platform_name, **kw)
-
-
-def _attach_variant(model, variant, specs, profile, platform, knobs, plan, npu_backend=None):
+def _attach_variant(model, variant, specs, profile, config: PrefillConfig, knobs, plan, npu_backend=None):
     """Put the model in the variant's configuration; returns the plan used (or None)."""
     from .. import attach, detach
+    from ..plan import variant_plan
     detach(model)
     if variant.experts == "hf":
         model.set_experts_implementation("eager")
         return None
-    npu_dtype = None if platform.kind == "measured" else torch.float16   # the ANE computes fp16
     if variant.experts == "dynamic":
-        attach(model, dynamic_plan(specs), cold="dynamic")
+        attach(model, ExecutionLayout.dropless(specs), cold="dynamic")
         return None
     if plan is not None and variant.name in ("npumoe", "npumoe-spill"):
         used = plan
-    else:
-        used = build_variant_plan(profile, model, variant, platform.name, knobs)
-    attach(model, used, spill=variant.spill, npu_dtype=npu_dtype, npu_backend=npu_backend)
+    else:      # the variant's forced knobs over the given ones (plan.variant_plan: what `simulate` builds too)
+        used = variant_plan(profile, variant.name, model, platform=config.platform.name,
+                            **{k: v for k, v in knobs.items() if v is not None})
+    attach(model, used, spill=variant.spill, npu_dtype=config.npu_dtype, npu_backend=npu_backend)
     return used
-
-
-def _layer_counts(stats):
-    routed = sum(s.routed for _, _, s in stats)
-    dropped = sum(s.dropped for _, _, s in stats)
-    slots = sum(s.slots for _, _, s in stats)
-    padded = sum(s.padded for _, _, s in stats)
-    return (dropped / routed if routed else 0.0), (padded / slots if slots else 0.0)
 
 
 @with_torch_threads
@@ -91,8 +78,7 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
     from ..metrics import bootstrap_ci, logit_agreement
     from ..models import describe, load_model, model_fingerprint
     from ..plan import Plan
-    from ..runtime import Clock, chunked_prefill
-    from ..timeline import schedule, summarize, to_frame
+    from ..timeline import to_frame
     from ..workloads import get_workload
     from ..workloads.scoring import evaluate_sample
     unknown = set(plan_knobs) - set(PLAN_KNOBS)
@@ -108,9 +94,7 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
     else:
         model_obj, tok = load_model(model)
         name = model_name or str(model)
-    ctx = getattr(model_obj.config, "max_position_embeddings", None)
-    if ctx is not None and prompt_len > ctx:
-        raise NpuMoeError(f"--prompt-len {prompt_len} is longer than the model's context ({ctx} tokens)")
+    check_context(getattr(model_obj.config, "max_position_embeddings", None), prompt_len, "--prompt-len")
     wl = get_workload(workload)
     samples = wl.samples(tok, prompt_len, n_samples, seed)
     specs, fingerprint = describe(model_obj), model_fingerprint(model_obj)
@@ -151,10 +135,11 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
                               f"(e.g. cpu), not the modeled {plat.name!r}")
         reps, configs = reps_of[plat.name], {}
         for v in vlist:
-            used = _attach_variant(model_obj, v, specs, profile, plat, plan_knobs, plan, npu_backend)
+            config = PrefillConfig(plat, chunk, attention=v.attention, pad_token_id=pad_id)
+            used = _attach_variant(model_obj, v, specs, profile, config, plan_knobs, plan, npu_backend)
             for _ in range(warmup):      # untimed: first calls pay allocator/thread-pool start-up on this host
                 chunked_prefill(model_obj, torch.tensor([samples[0].input_ids]), chunk, pad_token_id=pad_id)
-            configs[v.name] = (interleave.snapshot(model_obj), used)
+            configs[v.name] = (interleave.snapshot(model_obj), used, config)
         per_rep = {v.name: [[] for _ in range(reps)] for v in vlist}
         acc = {v.name: [] for v in vlist}
         loads = {v.name: HostLoad() for v in vlist}
@@ -163,16 +148,11 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
                 ids = torch.tensor([s.input_ids])
                 for v in vlist:
                     interleave.restore(model_obj, configs[v.name][0])
-                    clock = Clock(plat, measured=plat.kind == "measured", attention_role=v.attention)
                     with loads[v.name].measuring():
-                        res = chunked_prefill(model_obj, ids, chunk, clock, measure_hf_experts=v.experts == "hf",
-                                              pad_token_id=pad_id)
-                    events = schedule(res.events, npu_shares_cpu=plat.npu_shares_cpu)
-                    summ = summarize(events, plat, n_tokens=len(s.input_ids))
-                    drop, pad = _layer_counts(res.stats)
-                    per_rep[v.name][r].append(dict(summ, drop_rate=drop, pad_rate=pad, host_wall_s=res.wall_s))
+                        res = run_prefill(model_obj, ids, configs[v.name][2], measure_hf_experts=v.experts == "hf")
+                    per_rep[v.name][r].append(res.summary)
                     if timeline and r == 0:
-                        tl = to_frame(events).assign(variant=v.name, platform=plat.name, sample=i)
+                        tl = to_frame(res.events).assign(variant=v.name, platform=plat.name, sample=i)
                         tl_frames.append(tl)
                     if r == 0:
                         sc = score(s, res)

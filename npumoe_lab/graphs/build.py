@@ -11,9 +11,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..errors import NpuMoeError
+from ..models import expert_weights, find_moe_blocks
 from ..utils import progress, provenance
 from .cache import GraphCache, artifact_key, copy_artifact, weights_digest
+from .coreml import build_attention_package, build_group_package
+from .onnx import census, export_attention, export_group
 from .spec import AttentionGraphSpec, Limits, canonical, field_of, group_specs, plan_chunks, subset
+from .validate import validate_group_package
+from .validate_attention import validate_attention_package
 
 TARGETS = ("coreml", "onnx")
 
@@ -25,12 +30,9 @@ def _attn_digest(attn) -> str:
 def _build_group(spec, w, target, options, limits, dst: Path) -> dict:
     """Build and validate one group artifact at dst (a path inside the cache's temp dir)."""
     if target == "coreml":
-        from .coreml import build_group_package
-        from .validate import validate_group_package
         build_group_package(w, spec.capacities, dst, options)
         reports = validate_group_package(dst, spec, w, options.layout, limits, options.compression)
         return {"functions": [asdict(r) for r in reports]}
-    from .onnx import census, export_group
     dst.mkdir(parents=True)
     out = []
     for cap in spec.capacities:
@@ -41,11 +43,8 @@ def _build_group(spec, w, target, options, limits, dst: Path) -> dict:
 
 def _build_attention(spec, attn, rotary, target, options, limits, dst: Path) -> dict:
     if target == "coreml":
-        from .coreml import build_attention_package
-        from .validate_attention import validate_attention_package
         build_attention_package(attn, spec.chunks, spec.context, dst, options)
         return {"functions": [asdict(r) for r in validate_attention_package(dst, spec, attn, rotary, limits)]}
-    from .onnx import census, export_attention
     dst.mkdir(parents=True)
     out = []
     for s in spec.chunks:
@@ -119,7 +118,6 @@ def build_graphs(plan, weights: dict, out, *, target: str = "coreml", options=No
 
 def model_parts(model) -> tuple[dict, dict, object]:
     """({layer: ExpertWeights}, {layer: attention module}, rotary embedding) of a loaded workbench model."""
-    from ..models import expert_weights, find_moe_blocks
     refs = find_moe_blocks(model)
     layers = model.base_model.layers
     weights = {r.layer: expert_weights(r.experts) for r in refs}

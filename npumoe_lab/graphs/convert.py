@@ -2,29 +2,27 @@
 every static graph of a plan (resident expert groups and per-layer attention), then write DIR/manifest.json."""
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 from ..errors import NpuMoeError
+from ..models import load_model
+from ..plan import Plan
 from .build import TARGETS, build_graphs, model_parts, violations
+from .cache import GraphCache
+from .coreml import CoreMLOptions
 from .spec import Limits, field_of
 
 
 def load_plan(path):
-    """The plan through plan.Plan (validated) when that module exists, else its JSON (the same contract)."""
+    """The plan, validated (plan.Plan)."""
     path = Path(path)
     if not path.is_file():
         raise NpuMoeError(f"plan file {path} does not exist; make one with `npumoe-lab plan`")
-    try:
-        from ..plan import Plan
-    except ImportError:
-        return json.loads(path.read_text())
     return Plan.load(path)
 
 
 def convert(args) -> int:
-    from ..models import load_model
     plan = load_plan(args.plan)
     platform = args.platform or field_of(plan, "platform")
     limits = Limits.of(platform) if platform else Limits()
@@ -34,7 +32,6 @@ def convert(args) -> int:
     weights, attention, rotary = model_parts(model)
     options = None
     if args.target == "coreml":
-        from .coreml import CoreMLOptions
         options = CoreMLOptions(layout=args.layout, compression=None if args.compress == "none" else args.compress,
                                 compute_units=args.compute_units)
     t0 = time.perf_counter()
@@ -53,7 +50,6 @@ def convert(args) -> int:
 
 
 def _cache(root):
-    from .cache import GraphCache
     return GraphCache(root) if root else None
 
 

@@ -1,7 +1,7 @@
 """Core ML builders: ct.convert of the static modules to fp16 ML programs (iOS 18 target: multifunction and states),
 one multifunction package per group (one function per capacity tier, weights stored once: ANCHORS 3.4) and
 per attention layer (one function per chunk length), optional int8 / LUT weight compression (ANCHORS 3.6).
-Conversion works on Linux; running needs macOS (devices/coreml.py)."""
+Conversion works on Linux; running needs macOS (backends/coreml.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -42,7 +42,7 @@ class CoreMLOptions:
     layout: str = "conv"                 # channels-first 1x1 conv (ANE-preferred); "bmm" for batched matmul
     compression: str | None = None       # None | int8 | lut4 | lut6 | lut8
     lut_group_size: int = 16             # per-grouped-channel LUTs; 8-16 keep accuracy and speed (ANCHORS 3.6)
-    compute_units: str = "CPU_AND_NE"    # stored as the package default; devices/coreml.py can override at load
+    compute_units: str = "CPU_AND_NE"    # stored as the package default; backends/coreml.py can override at load
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:

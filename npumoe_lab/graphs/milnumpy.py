@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import NpuMoeError
+from .coreml import require_coremltools
 
 
 def load_program(path):
     """The MIL program stored in an .mlpackage (all functions of a multifunction package)."""
-    from .coreml import require_coremltools
     ct = require_coremltools()
     from coremltools.converters.mil.frontend.milproto.load import load
     model = ct.models.MLModel(str(path), skip_model_load=True)

@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from ..errors import NpuMoeError
+from ..packing import group_ffn
 from .milnumpy import load_program, run_function
 from .modules import from_layout, to_layout
 from .spec import Limits, canonical
@@ -129,11 +131,6 @@ def workbench_group_ffn(x, w) -> np.ndarray:
     """The workbench's own expert path (packing.group_ffn) when present, else the contract math."""
     if not hasattr(w, "gate_up"):  # not a models.weights.ExpertWeights
         return reference_group_ffn(x, w)
-    try:
-        from ..packing import group_ffn
-    except ImportError:  # packing not importable in this checkout: the contract math is the expert path
-        return reference_group_ffn(x, w)
-    import torch
     with torch.no_grad():
         return group_ffn(torch.as_tensor(x), w).float().numpy()
 

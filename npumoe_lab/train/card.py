@@ -25,6 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from ..utils import DATA_DIR
+from ..workloads import get_workload
+from ..workloads.scoring import evaluate
+from .card_text import write_readme
 
 MODEL_DIR = DATA_DIR / "models" / "npumoe-tiny"
 DOMAINS = ("scripture", "drama", "pydocs", "code")
@@ -106,8 +109,6 @@ def induction_probe(model, tok, n: int = 8, length: int = 100, seed: int = 0) ->
 
 def workload_scores(model, tok, lens, n, names=("ruler-multikey", "ruler-vt", "fewshot-cls", "lm-heldout")):
     """lens: [prompt_len] (n samples each) or [(prompt_len, n)]."""
-    from ..workloads import get_workload
-    from ..workloads.scoring import evaluate
     res = []
     for L in lens:
         L, n = L if isinstance(L, tuple) else (L, n)
@@ -163,7 +164,6 @@ def main(argv=None):
         metrics["workloads"] = workload_scores(model, tok, lens, args.n)
     metrics["params"] = int(sum(p.numel() for p in model.parameters()))
     metrics_path.write_text(json.dumps(metrics, indent=1))
-    from .card_text import write_readme
     write_readme(d, metrics)
     return 0
 

@@ -21,11 +21,10 @@ import tempfile
 from pathlib import Path
 
 from ..errors import NpuMoeError
+from ..texts import DOMAINS, TEXT_DIR, bundled_text  # noqa: F401 - the bundled samples this module writes
 from ..utils import DATA_DIR
 
-DOMAINS = ("scripture", "drama", "pydocs", "code")
 CACHE_DIR = DATA_DIR / "corpora"
-TEXT_DIR = DATA_DIR / "text"
 DOC_SEP = "\n\n"
 SPLIT_FRACTIONS = (0.94, 0.03, 0.03)  # train, calib, heldout
 SAMPLE_BYTES = 40_000
@@ -180,16 +179,6 @@ def sample_text(text: str, n_bytes: int = SAMPLE_BYTES) -> str:
         return text
     cut = text.rfind("\n", 0, n_bytes)
     return text[: cut if cut > 0 else n_bytes].rstrip() + "\n"
-
-
-def bundled_text(domain: str, split: str) -> str:
-    """The committed sample data/text/<domain>/<split>.txt (split: calib | heldout)."""
-    if domain not in DOMAINS:
-        raise NpuMoeError(f"unknown domain {domain!r}; valid: {', '.join(DOMAINS)}")
-    p = TEXT_DIR / domain / f"{split}.txt"
-    if not p.exists():
-        raise NpuMoeError(f"{p} is missing; run `python -m npumoe_lab.train.corpora` to create it")
-    return p.read_text(encoding="utf-8")
 
 
 def train_text(domain: str) -> str:

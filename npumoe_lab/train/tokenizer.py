@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from ..workloads import fewshot, ruler
 from . import corpora
 
 VOCAB_SIZE = 4096
@@ -18,7 +19,6 @@ EOT, PAD = "<|endoftext|>", "<|pad|>"
 
 
 def _iter_texts(chunk_chars: int = 100_000):
-    from ..workloads import fewshot, ruler
     for d in corpora.DOMAINS:
         text = corpora.train_text(d)
         for i in range(0, len(text), chunk_chars):

@@ -24,7 +24,10 @@ import numpy as np
 
 from ..errors import NpuMoeError
 from ..utils import DATA_DIR, progress
+from ..workloads import fewshot, ruler
+from ..workloads.base import Haystack, newline_ids
 from . import corpora
+from .tokenizer import load_tokenizer, train_tokenizer
 
 DEFAULT_RUN = DATA_DIR / "train-runs" / "tiny"
 DEFAULT_EXPORT = DATA_DIR / "models" / "npumoe-tiny"
@@ -58,7 +61,6 @@ class Mixture:
 
     def __init__(self, tok, tokens: dict[str, np.ndarray], synth_frac: float, seed: int,
                  task_weights: dict[str, float] | None = None):
-        from ..workloads.base import Haystack, newline_ids
         self.tok, self.tokens, self.synth_frac = tok, tokens, synth_frac
         self.hay = Haystack(tokens, newline_ids(tok))
         self.rng = random.Random(f"train-mixture:{seed}")
@@ -74,7 +76,6 @@ class Mixture:
         return self.bos + w, [0] * L, "natural"
 
     def synthetic(self, L, task=None):
-        from ..workloads import fewshot, ruler
         r = self.rng
         task = task or r.choices(list(self.task_weights), weights=list(self.task_weights.values()))[0]
         if task == "repeat":  # induction warm-up: segments each followed by an exact copy (natural or random)
@@ -209,7 +210,6 @@ def train(args) -> int:
     import torch
     from transformers import Qwen3MoeForCausalLM
 
-    from .tokenizer import load_tokenizer, train_tokenizer
     auto_threads = str(args.threads) == "auto"
     cur_threads = 2 if auto_threads else int(args.threads)
     torch.set_num_threads(cur_threads)
@@ -247,7 +247,6 @@ def train(args) -> int:
     mix.weight_copies = args.weight_copies
     # fixed validation: calib split (training corpora), 4 x 512-token windows per domain; probe tasks at 512
     vrng = random.Random(99)
-    from ..workloads.base import Haystack, newline_ids
     val_tok = {d: np.asarray(tok(corpora.corpus_path(d, "calib").read_text(), add_special_tokens=False)[
         "input_ids"]) for d in corpora.DOMAINS}
     val_windows = {}

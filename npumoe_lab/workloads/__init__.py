@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..errors import NpuMoeError
 from .base import Sample, Workload
 from .fewshot import FewShotCls
+from .hf_tasks import BoolQ, HellaSwag
 from .lm_heldout import LmHeldout
 from .ruler import MultiKey, VariableTracking
 
@@ -17,7 +18,6 @@ _FACTORIES = {
 
 def _hf(name):
     def make(**kw):
-        from .hf_tasks import BoolQ, HellaSwag
         return {"boolq": BoolQ, "hellaswag": HellaSwag}[name](**kw)
     return make
 

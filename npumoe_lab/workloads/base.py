@@ -10,8 +10,9 @@ import random
 from dataclasses import dataclass, field
 
 from ..errors import NpuMoeError
+from ..texts import DOMAINS, bundled_text
 
-DOMAINS = ("scripture", "drama", "pydocs", "code")
+__all__ = ["DOMAINS", "Sample", "Workload", "Haystack"]
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,6 @@ class Haystack:
 
 def eval_haystack(tokenizer, split: str = "heldout") -> Haystack:
     """Haystack from the bundled data/text/<domain>/<split>.txt (never seen in training)."""
-    from ..train.corpora import bundled_text
     _EVAL_HAY = _cache(tokenizer)
     key = ("eval_haystack", split)
     if key not in _EVAL_HAY:

@@ -13,6 +13,7 @@ import copy
 import math
 
 from ..errors import NpuMoeError
+from ..utils import progress
 from .base import Sample, Workload
 
 
@@ -91,7 +92,6 @@ def evaluate(model, tokenizer, workload: Workload, prompt_len: int, n: int, seed
              show_progress: bool = True) -> dict:
     """Scores n samples; returns {'mean': ..., 'n': n, 'rows': [...]} (perplexity: mean = token-weighted NLL,
     'ppl' = exp(mean))."""
-    from ..utils import progress
     samples = workload.samples(tokenizer, prompt_len, n, seed)
     rows = []
     for s in progress(samples, desc=f"{workload.name}@{prompt_len}", disable=not show_progress or None):

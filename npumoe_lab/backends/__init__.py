@@ -1,4 +1,4 @@
-"""What executes a resident group's static graph when it is not torch in this process (the engine's default):
+"""Executing backends (they depend on `graphs`; the cost model in `devices` does not): what executes a resident group's static graph when it is not torch in this process (the engine's default):
 the NPU stand-in of a measured run.
 
 `onnxruntime`: the same group exported to ONNX at its static shape, one cached InferenceSession per graph.
@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ..errors import NpuMoeError
+from ..graphs.coreml import CoreMLOptions, build_group_package, group_function_name
 
 NPU_BACKENDS = ("torch", "onnxruntime", "coreml")
 
@@ -21,7 +22,7 @@ class OnnxBackend:
     name = "onnxruntime"
 
     def __init__(self, threads: int = 2):
-        from .onnxruntime import OnnxRuntimeDevice
+        from .onnxruntime import OnnxRuntimeDevice  # lazy: onnxruntime is an optional, heavy dependency
         self.device = OnnxRuntimeDevice(threads=threads)
 
     def compile(self, layer, group_id, capacity, weights):
@@ -35,14 +36,12 @@ class CoreMLBackend:
     name = "coreml"
 
     def __init__(self, compute_units: str = "CPU_AND_NE", out_dir=None, layout: str = "conv"):
-        from ..graphs.coreml import CoreMLOptions
-        from .coreml import CoreMLDevice
+        from .coreml import CoreMLDevice  # lazy: only on a Mac (coremltools' runtime)
         self.device = CoreMLDevice(compute_units)      # raises a clear NpuMoeError off macOS
         self.options = CoreMLOptions(layout=layout)
         self.out_dir = Path(out_dir or tempfile.mkdtemp(prefix="npumoe-coreml-"))
 
     def compile(self, layer, group_id, capacity, weights):
-        from ..graphs.coreml import build_group_package, group_function_name
         path = build_group_package(weights.to(torch.float32), [int(capacity)],
                                    self.out_dir / f"layer{layer}-group{group_id}.mlpackage", self.options)
         return self.device.load(path, group_function_name(int(capacity)))

@@ -1,0 +1,1 @@
+"""Paper-scale simulation: geometry-only models, routing sources, and prefill replayed on the same engine."""

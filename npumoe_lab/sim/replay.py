@@ -1,0 +1,62 @@
+"""A prefill replayed from routing alone: the same engine, no tensors.
+
+For each chunk and decoder layer the replay emits what a real forward's hooks and experts executor emit, in the same
+order: attention, [shared experts first where the family runs them first], router, the experts (HF's own as one op,
+or the plan executor's dispatch / pack / group calls / cold / spill / scatter from `PlanExecutor.execute` with
+`numerics=False`), [shared experts], then the rest of the chunk. Costs come from the same `ModelGeometry` and engine
+code as a real run, so a replay of a real run's recorded routing gives its modeled timeline exactly (a test).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..engine import PlanExecutor, dynamic_experts_cost
+from ..errors import NpuMoeError
+from ..geometry import ModelGeometry
+from ..ops import ChunkContext, Op
+from ..runtime import PrefillConfig, PrefillResult, finish
+
+
+def replay_prefill(geometry: ModelGeometry, executor: PlanExecutor | None, config: PrefillConfig, routing: list,
+                   prompt_len: int, also_on=()) -> list[PrefillResult]:
+    """Timeline + summary of a prefill of `prompt_len` tokens whose chunk c routes as `routing[c]` ({layer:
+    (top_k_index, top_k_weights, norms)}). `executor=None`: HF's own experts (the reference variant). `also_on`:
+    more configs (other modeled platforms, same plan) pricing the same op stream. One result per config."""
+    if config.measured:
+        raise NpuMoeError(f"platform {config.platform.name!r} is measured: a simulation has no numerics to time; "
+                          "use a modeled platform (see `npumoe-lab platforms`)")
+    n_chunks = math.ceil(prompt_len / config.chunk)
+    if len(routing) < n_chunks:
+        raise NpuMoeError(f"the routing covers {len(routing)} chunks but a prompt of {prompt_len} tokens in chunks "
+                          f"of {config.chunk} needs {n_chunks}")
+    clock, role, moe = config.clock(), config.attention, geometry.moe_layers
+    for c in range(n_chunks):
+        s = c * config.chunk
+        ctx = ChunkContext(index=c, past=s, n_real=min(config.chunk, prompt_len - s), length=config.chunk,
+                           clock=clock, numerics=False, dtype_bytes=config.dtype_bytes)
+        for layer in range(geometry.n_layers):
+            clock.record(geometry.attention_op(layer, ctx, role), 0.0)
+            spec = moe.get(layer)
+            if spec is None:
+                continue
+            shared = spec.n_shared_experts > 0
+            if shared and geometry.shared_first:
+                clock.record(geometry.shared_op(layer, ctx, role), 0.0)
+            clock.record(geometry.router_op(layer, ctx), 0.0)
+            idx, w, norms = routing[c][layer]
+            if executor is None:
+                cost = dynamic_experts_cost(idx, torch.ones_like(idx, dtype=torch.bool), spec.hidden,
+                                            spec.intermediate, ctx.dtype_bytes)
+                clock.record(Op("experts", "experts_hf", "cpu", layer, c, cost), 0.0)
+            else:
+                executor.execute(layer, None, idx, w, ctx, norms=norms)
+            if shared and not geometry.shared_first:
+                clock.record(geometry.shared_op(layer, ctx, role), 0.0)
+        clock.record(geometry.rest_op(ctx, last=s + config.chunk >= prompt_len, measured=False), 0.0)
+    out = []
+    for cfg in (config, *also_on):
+        c = clock if cfg is config else clock.repriced(cfg.platform)
+        out.append(finish(PrefillResult(None, None, c.events, c.stats, 0.0), cfg, n_tokens=prompt_len))
+    return out

@@ -1,0 +1,78 @@
+"""Package structure (issue 13): no import cycle between the parts of npumoe_lab, and no package-internal import
+hidden inside a function unless a comment says why (a heavy optional dependency, a command's lazy load).
+
+The reference is the source itself, read with `ast`: every `import`/`from ... import` of an npumoe_lab module, at
+module level (the dependency graph) or inside a function (must carry a `#` comment on its line or the line above)."""
+import ast
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "npumoe_lab"
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _target(mod: str, node: ast.ImportFrom, is_pkg: bool) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports():
+    """(module, target, line number, at module level, commented) for every internal import."""
+    out = []
+    for path in sorted(ROOT.rglob("*.py")):
+        mod, src = _module(path), path.read_text().splitlines()
+        tree = ast.parse("\n".join(src))
+        in_function = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                       for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                targets = [_target(mod, node, path.name == "__init__.py")]
+                if targets[0] == "npumoe_lab":          # `from .. import attach`: names of the package's API
+                    targets = [f"npumoe_lab.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            line = node.lineno
+            commented = "#" in src[line - 1] or (line >= 2 and src[line - 2].strip().startswith("#"))
+            for t in targets:
+                if t.startswith("npumoe_lab"):
+                    out.append((mod, t, line, id(node) not in in_function, commented))
+    return out
+
+
+def part(module: str) -> str:
+    """The node of the dependency graph: a subpackage (npumoe_lab.devices) or a top-level module."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else module
+
+
+def test_no_import_cycle_between_parts():
+    g = nx.DiGraph()
+    for mod, target, _, top_level, _ in _imports():
+        a, b = part(mod), part(target)
+        if top_level and a != b and b != "npumoe_lab":
+            g.add_edge(a, b)
+    cycles = list(nx.simple_cycles(g))
+    assert not cycles, "import cycles between parts of npumoe_lab:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_internal_imports_inside_functions_say_why():
+    hidden = [f"{m}:{line} imports {t}" for m, t, line, top, commented in _imports() if not top and not commented]
+    assert not hidden, ("package-internal imports inside functions without a comment saying why (move them to the "
+                        "top of the file, or say why they must stay lazy):\n" + "\n".join(hidden))
+
+
+@pytest.mark.parametrize("case,expected", [("a.b", "a.b"), ("npumoe_lab.devices.cost", "npumoe_lab.devices"),
+                                           ("npumoe_lab.plan", "npumoe_lab.plan")])
+def test_part_names(case, expected):
+    assert part(case) == expected
