@@ -34,7 +34,7 @@ calib_workload = "mixed"
 calib_tokens = 8192
 seed = 0
 matched_percentile = 100.0       # the ablation again with every step's capacities at this load percentile
-matched_platforms = "m2-max"     # (modeled: deterministic and cheap); matched_percentile = None skips it
+matched_platforms = "m2-max"     # modeled: deterministic and cheap (a None percentile skips the rerun)
 out_dir = None
 
 # %%

@@ -19,6 +19,7 @@ COMMANDS = {  # each would compute for seconds to minutes before writing anythin
     "figures": ["figures", "results"],
     "convert": ["convert", "--plan", "plan.json", "--target", "onnx"],
     "plan": ["plan", "--profile", "profile"],
+    "simulate": ["simulate", "--geometry", "phi-tiny-moe"],
 }
 
 
@@ -63,3 +64,12 @@ def test_atomic_writes_follow_the_umask(tmp_path, mask, mode):
     finally:
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == mode
+
+
+def test_the_check_leaves_no_folder_behind(tmp_path):
+    """A command that refuses its input after the check must not have created its --out."""
+    out = tmp_path / "a" / "b" / "out"
+    check_writable(out)
+    assert not (tmp_path / "a").exists()
+    check_writable(tmp_path / "c" / "plan.json", is_file=True)
+    assert list(tmp_path.iterdir()) == []

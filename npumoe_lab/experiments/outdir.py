@@ -11,9 +11,11 @@ from ..errors import NpuMoeError
 
 
 def check_writable(out, is_file: bool = False, option: str = "--out") -> Path:
-    """Create `out` (or, for a file, its folder) and a probe file in it; raise NpuMoeError naming the path."""
+    """Create `out` (or, for a file, its folder) and a probe file in it, then remove what the check created (a
+    command that later refuses its input leaves nothing behind); raise NpuMoeError naming the path."""
     path = Path(out).expanduser()
     folder = path.parent if is_file else path
+    missing = [d for d in (folder, *folder.parents) if not d.exists()]   # deepest first
     try:
         if is_file and path.is_dir():
             raise NpuMoeError(f"{option} {out} is a folder; give a file path (e.g. {path / 'plan.json'})")
@@ -24,4 +26,10 @@ def check_writable(out, is_file: bool = False, option: str = "--out") -> Path:
     except OSError as exc:
         raise NpuMoeError(f"{option} {out} is not writable ({exc.strerror or exc}); choose a folder you can "
                           "write to") from None
+    finally:
+        for d in missing:
+            try:
+                d.rmdir()
+            except OSError:
+                break
     return path
