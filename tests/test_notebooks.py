@@ -264,7 +264,7 @@ def test_summary_markdown_ablation_ratios():
     md = summary_markdown(pd.DataFrame(rows + matched), {"model": "`tiny`"})
     assert ("| m2-max | modeled | 1.00x at 1.0% drop (paper 1.00x) | 2.00x at 1.0% drop (paper 1.48x) | - | "
             "4.00x at 1.0% drop (paper 2.89x) |") in md
-    assert "matched drop rate (every step's capacities at load percentile 100)" in md
+    assert "matched drop rate (each calibrated on the workload's own text, capacities at load percentile 100)" in md
     assert ("| m2-max | modeled | 1.00x at 0.0% drop (paper 1.00x) | 1.00x at 0.0% drop (paper 1.48x) | - | "
             "4.00x at 0.0% drop (paper 2.89x) |") in md
     assert "| cpu | measured |" in md and "| npumoe | m2-max | modeled | 0.5 |" in md
