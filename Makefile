@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)
 export NPUMOE_THREADS ?= 2
 
-.PHONY: setup test demo bench lock clean-venv notebooks
+.PHONY: setup test test-fast test-slow demo bench lock clean-venv notebooks
 
 setup: $(STAMP)
 
@@ -21,14 +21,21 @@ $(STAMP): $(VENV)/bin/python requirements.lock pyproject.toml
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	rm -f $(VENV)/.installed-*; touch $(STAMP)
 
-test: setup
-	NPUMOE_NO_PROGRESS=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+# the fast lane (unit tests, under a minute) first, then the slow one (notebooks, browser, sweeps, whole models)
+test: test-fast test-slow
+
+test-fast: setup
+	NPUMOE_NO_PROGRESS=1 $(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+test-slow: setup
+	NPUMOE_NO_PROGRESS=1 $(BIN)/python -m pytest -q -m "slow" $(PYTEST_ARGS)
 
 demo: setup
 	$(BIN)/python -m npumoe_lab.experiments.demo --out results/demo
 
 bench: setup
 	$(BIN)/python bench/moe_layer.py $(BENCH_ARGS)
+	$(BIN)/python bench/sim_grid.py
 
 notebooks: setup
 	$(BIN)/jupytext --sync notebooks/*.py

@@ -11,6 +11,7 @@ Public API (names are fixed: notebooks and users' scripts depend on them):
     prefill(model, input_ids, chunk, platform=..., attention="npu") -> PrefillResult with a timeline
     run_experiment(...) -> pandas.DataFrame of result rows           (the `npumoe-lab run` command)
     simulate(geometry, routing, platforms, variants, ...) -> rows    paper-scale, no weights (`npumoe-lab simulate`)
+    explore(model_or_geometry, profile=None, ...) -> ipywidgets app  the plan explorer (notebook 10_explorer)
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ _LAZY = {
     "get_workload": "workloads", "list_workloads": "workloads",
     "run_experiment": "experiments.runner",
     "simulate": "sim.run", "load_geometry": "sim.geometries",
+    "explore": "explorer",
     "load_results": "experiments.store",
     "NpuMoeError": "errors",
     "VARIANTS": "variants",

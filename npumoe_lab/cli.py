@@ -17,6 +17,8 @@ SUBCOMMANDS = {
     "experiments.runner": ["run", "platforms"],
     "experiments.sweep": ["sweep"],
     "sim.run": ["simulate"],
+    "sim.sensitivity": ["sensitivity"],
+    "sim.papercheck": ["paper-check"],
     "plots": ["figures"],
     "graphs.convert": ["convert"],
 }

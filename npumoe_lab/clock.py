@@ -48,6 +48,7 @@ class TimelineClock:
     events: list = field(default_factory=list)
     stats: list = field(default_factory=list)    # (chunk, layer, LayerStats)
     ops: list = field(default_factory=list)      # (Op, deps, wall) as recorded: the timeline before pricing
+    _priced: dict = field(default_factory=dict, repr=False)   # (role, OpCost) -> modeled seconds (pure, so memoised)
 
     @property
     def source(self) -> str:
@@ -65,10 +66,15 @@ class TimelineClock:
         elif None in deps:                   # an untimed dependency (NullClock upstream) imposes no order
             deps = tuple(d for d in deps if d is not None)
         self.ops.append((op, deps, wall))
-        seconds = wall if self.measured else self.platform.device(op.role).estimate(op.cost)
-        self.events.append(Event(name=op.name, chunk=op.chunk, layer=op.layer, device=op.role,
-                                 duration_s=float(seconds), flops=float(op.cost.flops), bytes=float(op.cost.bytes),
-                                 timing_source=self.source, deps=deps, calls=int(op.cost.calls)))
+        if self.measured:
+            seconds = wall
+        else:    # static shapes repeat across layers and chunks: each distinct cost is priced once
+            key = (op.role, op.cost)
+            seconds = self._priced.get(key)
+            if seconds is None:
+                seconds = self._priced[key] = self.platform.device(op.role).estimate(op.cost)
+        self.events.append(Event.trusted(op.name, op.chunk, op.layer, op.role, float(seconds), op.cost.flops,
+                                         op.cost.bytes, self.source, deps, op.cost.calls))
         return len(self.events) - 1
 
     def layer_stats(self, chunk, layer, stats):

@@ -210,8 +210,8 @@ class PlanExecutor:
         for j, gs in enumerate(layout.groups):
             G = len(gs.experts)
             role = "npu" if gs.resident else "cpu"
-            record = op(f"group{gs.group_id}", "expert_group", role, _group_cost(G, gs.capacity, H, I, b),
-                        (G, gs.capacity, H, I))
+            record = op(f"group{gs.group_id}", "expert_group", role,
+                        _group_cost(G, gs.capacity, H, I, b, ctx.weight_bytes(role)), (G, gs.capacity, H, I))
             fn, args = (self._group_call(handle, gs, gweights[j], packed, out, fill) if num else (None, ()))
             _, ev = clock.run(record, fn, *args, deps=(ev_pack,))
             group_events.append(ev)
@@ -260,9 +260,9 @@ class PlanExecutor:
 
 
 @functools.lru_cache(maxsize=4096)
-def _group_cost(G: int, C: int, H: int, I: int, dtype_bytes: int):
+def _group_cost(G: int, C: int, H: int, I: int, dtype_bytes: int, weight_bytes: int):
     """One static group's cost (a static shape: the same for every call, so computed once)."""
-    return expert_ffn_cost(G, C, H, I, dtype_bytes=dtype_bytes)
+    return expert_ffn_cost(G, C, H, I, dtype_bytes=dtype_bytes, weight_bytes=weight_bytes)
 
 
 def dynamic_experts_cost(top_k_index, mask, hidden: int, intermediate: int, dtype_bytes: int):

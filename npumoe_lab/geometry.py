@@ -81,7 +81,7 @@ class ModelGeometry:
     # -- the non-expert ops of one chunk (role: where attention and dense parts run for the variant) ---------
     def attention_op(self, layer: int, ctx: ChunkContext, role: str) -> Op:
         cost = attention_cost(ctx.length, ctx.past, self.hidden, self.n_heads, self.n_kv_heads, self.head_dim,
-                              dtype_bytes=ctx.dtype_bytes)
+                              dtype_bytes=ctx.dtype_bytes, weight_bytes=ctx.weight_bytes(role))
         return Op("attention", "attention", role, layer, ctx.index, cost, (ctx.length, ctx.past))
 
     def router_op(self, layer: int, ctx: ChunkContext) -> Op:
@@ -92,7 +92,8 @@ class ModelGeometry:
     def shared_op(self, layer: int, ctx: ChunkContext, role: str) -> Op:
         out = 3 * self.shared_intermediate        # gate, up and down matrices of a SwiGLU MLP
         return Op("shared_experts", "shared_experts", role, layer, ctx.index,
-                  dense_cost(ctx.length, self.hidden, out, dtype_bytes=ctx.dtype_bytes), (ctx.length, self.hidden, out))
+                  dense_cost(ctx.length, self.hidden, out, dtype_bytes=ctx.dtype_bytes,
+                             weight_bytes=ctx.weight_bytes(role)), (ctx.length, self.hidden, out))
 
     def rest_op(self, ctx: ChunkContext, last: bool, measured: bool) -> Op:
         """Embeddings, norms, residual adds and the LM head: what no other op covers. Measured: its cost is the

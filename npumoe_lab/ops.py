@@ -52,7 +52,12 @@ class ChunkContext:
     length: int                             # static chunk length (real + padding)
     clock: object                           # a clock.Clock: turns Ops into Events (NullClock: untimed)
     numerics: bool = True                   # False: replay routing only (simulation), no tensors computed
-    dtype_bytes: int = 2                    # bytes per weight/activation element on the modeled device
+    dtype_bytes: int = 2                    # bytes per activation (and default weight) element on the device
+    npu_weight_bytes: int | None = None     # stored weight element size on the NPU role (e.g. 1: int8), None: dtype
+
+    def weight_bytes(self, role: str) -> int:
+        """Bytes per weight element streamed by an op on `role`."""
+        return (self.npu_weight_bytes or self.dtype_bytes) if role == "npu" else self.dtype_bytes
 
     @property
     def pad_mask(self) -> torch.Tensor | None:

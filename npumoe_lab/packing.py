@@ -41,8 +41,7 @@ class Layout:
     @staticmethod
     def from_groups(n_experts: int, groups) -> "Layout":
         """groups: iterable of (experts, capacity, resident, group_id); must cover every expert once."""
-        capacity = torch.zeros(n_experts, dtype=torch.long)
-        offset = torch.full((n_experts,), -1, dtype=torch.long)
+        capacity, offset = [0] * n_experts, [-1] * n_experts     # Python lists: one tensor each at the end
         out, row = [], 0
         for experts, cap, resident, gid in groups:
             if cap < 1:
@@ -55,9 +54,10 @@ class Layout:
                 capacity[e] = cap
             out.append(GroupSlice(tuple(int(e) for e in experts), int(cap), row, bool(resident), int(gid)))
             row += len(experts) * cap
-        if (offset < 0).any():
-            missing = torch.nonzero(offset < 0).flatten().tolist()
+        missing = [e for e, o in enumerate(offset) if o < 0]
+        if missing:
             raise NpuMoeError(f"experts {missing} are in no group of the layout")
+        capacity, offset = torch.tensor(capacity, dtype=torch.long), torch.tensor(offset, dtype=torch.long)
         return Layout(capacity, offset, tuple(out), row)
 
 

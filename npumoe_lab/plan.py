@@ -19,11 +19,12 @@ from .calibration import CalibrationProfile
 from .devices import get_platform
 from .errors import NpuMoeError
 from .grouping import make_groups_with_notes
+from .knobs import PlanKnobs, add_knob_arguments, knobs_from_args
 from .layout import ExecutionLayout
 from .models import describe, load_model, model_fingerprint
-from .residency import RESIDENCY_MODES, assign_residency, fit_budget
-from .saliency import SALIENCY_RULES, check_rule
-from .tiers import CAPACITY_RULES, assign_tiers, expected_drop_rate, expected_kept_tokens, expected_padding
+from .residency import assign_residency, fit_budget
+from .saliency import check_rule
+from .tiers import assign_tiers, expected_drop_rate, expected_kept_tokens, expected_padding
 from .utils import sha256_json
 from .variants import get_variant
 
@@ -195,28 +196,36 @@ def _platform(platform):
     return get_platform(platform)
 
 
-def build_plan(profile, model_or_specs=None, tiers: int = 3, percentile: float = 90, align: int = 8,
-               min_capacity: int = 8, group_size: int = 8, order: str = "popularity",
-               hot_threshold: float | None = None, residency: str = "threshold", saliency: str = "weight_x_norm",
-               renormalize: bool = False, platform="m2-max", npu_memory_budget_bytes: int | None = None,
-               capacity_rule: str = "tiered", uniform_slack: int = 16, multipliers=None, top_fraction: float = 0.25,
-               strict: bool = False, dtype_bytes: int = 2) -> Plan:
+def build_plan(profile, model_or_specs=None, platform="m2-max", **knobs) -> Plan:
     """Plan for every calibrated MoE layer. `profile`: a CalibrationProfile or its directory. `model_or_specs`:
     the model (its fingerprint must match the profile's), a list of MoELayerSpec, or None (specs stored in the
-    profile). `hot_threshold=None` in threshold mode = one balanced expert's load, chunk * top_k / n_experts.
-    `platform` (name or Platform) gives the graph limits and the cost model; None = no device limits."""
+    profile). `platform` (name or Platform) gives the graph limits and the cost model; None = no device limits and
+    no cost model. `knobs`: any of `knobs.PlanKnobs` (tiers=3, percentile=90, group_size=8, ...: defaults and checks
+    live there). `residency=None`: "cost" (each group where the platform's model runs it faster), or "threshold"
+    when a hot_threshold is given (the ablation knob) or there is no platform; `hot_threshold=None` in threshold
+    mode = one balanced expert's load, chunk * top_k / n_experts. The graph byte budget counts the NPU's stored
+    weight size (platform npu.weight_bytes, e.g. 1 for int8), else dtype_bytes."""
     if not isinstance(profile, CalibrationProfile):
         profile = CalibrationProfile.load(profile)
-    check_rule(saliency)
+    PlanKnobs.check_names(knobs)
+    k = PlanKnobs(**knobs)
     specs, plat = _specs(profile, model_or_specs), _platform(platform)
-    knobs = dict(tiers=tiers, percentile=percentile, align=align, min_capacity=min_capacity, group_size=group_size,
-                 order=order, hot_threshold=hot_threshold, residency=residency, capacity_rule=capacity_rule,
-                 uniform_slack=uniform_slack, multipliers=None if multipliers is None else list(multipliers),
-                 top_fraction=top_fraction, strict=strict, dtype_bytes=dtype_bytes,
-                 npu_memory_budget_bytes=npu_memory_budget_bytes)
+    knobs = {n: v for n, v in k.as_dict().items() if n not in ("saliency", "renormalize")}
+    tiers, percentile, align, min_capacity, multipliers = k.tiers, k.percentile, k.align, k.min_capacity, k.multipliers
+    capacity_rule, uniform_slack, top_fraction, group_size, order = (k.capacity_rule, k.uniform_slack,
+                                                                      k.top_fraction, k.group_size, k.order)
+    strict, residency, hot_threshold, dtype_bytes = k.strict, k.residency, k.hot_threshold, k.dtype_bytes
+    saliency, renormalize, npu_memory_budget_bytes = k.saliency, k.renormalize, k.npu_memory_budget_bytes
+    if residency is None:
+        residency = "threshold" if hot_threshold is not None or plat is None else "cost"
+    elif residency == "cost" and hot_threshold is not None:
+        raise NpuMoeError(f"hot_threshold={hot_threshold} applies to residency 'threshold' only; pass "
+                          f"residency='threshold' with it, or drop it for the cost rule")
+    knobs["residency"] = residency
     npu = getattr(plat, "npu", None)
     limit = getattr(npu, "graph_limit_bytes", None)
     max_dim = getattr(npu, "max_dim", None)
+    weight_size = getattr(npu, "weight_bytes", None) or dtype_bytes    # what the NPU graph stores per weight
     layers, all_groups, flags = [], [], []
     for spec in specs:
         if spec.layer not in profile.layers:
@@ -234,12 +243,14 @@ def build_plan(profile, model_or_specs=None, tiers: int = 3, percentile: float =
         coact = profile.coactivation_matrix(spec.layer) if order == "coactivation" else None
         groups, notes = make_groups_with_notes(assign.tier, assign.capacity, kept, group_size, order, coact,
                                                hidden=spec.hidden, intermediate=spec.intermediate,
-                                               dtype_bytes=dtype_bytes, graph_limit_bytes=limit, max_dim=max_dim,
+                                               dtype_bytes=weight_size, graph_limit_bytes=limit, max_dim=max_dim,
                                                strict=strict)
         thr = hot_threshold
         if residency == "threshold" and thr is None:
             thr = profile.chunk * spec.top_k / spec.n_experts
-        flags += assign_residency(groups, residency, thr, plat, spec, None, dtype_bytes)
+        routed = counts.mean(axis=1)         # expected routed tokens per chunk per expert: the CPU's load
+        loads = [float(sum(routed[e] for e in g.experts)) for g in groups]
+        flags += assign_residency(groups, residency, thr, plat, spec, None, dtype_bytes, loads=loads)
         all_groups += groups
         layers.append({"layer": spec.layer, "n_experts": spec.n_experts, "top_k": spec.top_k, "hidden": spec.hidden,
                        "intermediate": spec.intermediate, "capacity": assign.capacity.tolist(),
@@ -274,16 +285,8 @@ def _cli(args) -> int:
         return 0
     if not args.profile or not args.out:
         raise NpuMoeError("plan needs --profile DIR and --out PLAN.json (or --show PLAN.json)")
-    model = None
-    if args.model:
-        model = load_model(args.model)[0]
-    kw = dict(tiers=args.tiers, percentile=args.percentile, align=args.align, min_capacity=args.min_capacity,
-              group_size=args.group_size, order=args.order, hot_threshold=args.hot_threshold,
-              residency=args.residency, saliency=args.saliency, renormalize=args.renormalize,
-              platform=None if args.platform == "none" else args.platform,
-              npu_memory_budget_bytes=args.npu_memory_budget, capacity_rule=args.capacity_rule,
-              uniform_slack=args.uniform_slack, top_fraction=args.top_fraction, strict=args.strict,
-              multipliers=[float(x) for x in args.multipliers.split(",")] if args.multipliers else None)
+    model = load_model(args.model)[0] if args.model else None
+    kw = dict(knobs_from_args(args), platform=None if args.platform == "none" else args.platform)
     plan = variant_plan(args.profile, args.variant, model, **kw) if args.variant else \
         build_plan(args.profile, model, **kw)
     plan.save(args.out)
@@ -299,22 +302,6 @@ def register_cli(subparsers) -> None:
     p.add_argument("--show", metavar="PLAN.json", help="print the summary of an existing plan and exit")
     p.add_argument("--model", help="check the profile against this model ('tiny' or a directory)")
     p.add_argument("--variant", help="force a variant's knobs (npumoe-base, npumoe-t, npumoe-tg, npumoe, naive-npu)")
-    p.add_argument("--tiers", type=int, default=3)
-    p.add_argument("--percentile", type=float, default=90)
-    p.add_argument("--align", type=int, default=8)
-    p.add_argument("--min-capacity", type=int, default=8)
-    p.add_argument("--capacity-rule", choices=CAPACITY_RULES, default="tiered")
-    p.add_argument("--multipliers", help="tier multipliers relative to the base tier, e.g. 4,2,1")
-    p.add_argument("--top-fraction", type=float, default=0.25, help="share of experts in the top tier bucket")
-    p.add_argument("--uniform-slack", type=int, default=16)
-    p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--order", choices=("popularity", "coactivation"), default="popularity")
-    p.add_argument("--strict", action="store_true", help="error when the group size exceeds a tier")
-    p.add_argument("--residency", choices=RESIDENCY_MODES, default="threshold")
-    p.add_argument("--hot-threshold", type=float, default=None,
-                   help="expected tokens per chunk for a resident group (default chunk*top_k/n_experts)")
-    p.add_argument("--npu-memory-budget", type=int, default=None, help="bytes of expert weights on the NPU")
-    p.add_argument("--saliency", choices=SALIENCY_RULES, default="weight_x_norm")
-    p.add_argument("--renormalize", action="store_true", help="renormalize kept top-k weights after drops")
     p.add_argument("--platform", default="m2-max", help="platform name, or 'none' for no device limits")
+    add_knob_arguments(p)
     p.set_defaults(func=_cli)

@@ -17,6 +17,7 @@ import pandas as pd
 from . import plot_helpers as pk
 from .errors import NpuMoeError
 from .plot_helpers import FACETS, LABELS, SOURCE_GID, VARIANT_ORDER  # noqa: F401 - public names
+from .plots_timeline import timeline  # noqa: F401 - the prefill Gantt chart (plots_timeline.py)
 
 PAPER_ABLATION = {"npumoe-base": 1.00, "npumoe-t": 1.48, "npumoe-tg": 2.11, "npumoe": 2.89}  # §5.8 TTFT speedup
 
@@ -194,6 +195,8 @@ def make_all_figures(results_dir, out_dir, log=print, dpi: int = 200) -> list[Pa
     for prof in profiles:   # one file each, all on one colour scale
         suffix = "" if len(profiles) == 1 else f"-{prof.name}"
         paths += save_figure(plot_popularity_heatmap(prof, vmax=top), out_dir, f"popularity{suffix}", dpi)
+    from .plots_timeline import timeline_figures   # timeline-*.png per prefill with a --timeline file
+    paths += timeline_figures(results_dir, out_dir, df, dpi=dpi, log=log)
     for line in skipped:
         log(f"skipped {line}")
     if not paths:

@@ -57,6 +57,11 @@ class PrefillConfig:
         return self.platform.kind == "measured"
 
     @property
+    def npu_weight_bytes(self) -> int | None:
+        """The platform's stored NPU weight size (npu weight_bytes, e.g. 1 for int8); None: the dtype's."""
+        return getattr(self.platform.npu, "weight_bytes", None)
+
+    @property
     def npu_dtype(self) -> torch.dtype | None:
         """The NPU role's precision: a modeled ANE computes fp16; on a measured host groups keep the model's."""
         return None if self.measured else torch.float16
@@ -151,7 +156,7 @@ def attached_layout(model):
 @torch.no_grad()
 def chunked_prefill(model, input_ids: torch.Tensor, chunk: int, clock=None, measure_hf_experts: bool = False,
                     pad_token_id: int = 0, attention_role: str = "cpu", dtype_bytes: int = 2, on_chunk=None,
-                    keep_logits: bool = True) -> PrefillResult:
+                    keep_logits: bool = True, npu_weight_bytes: int | None = None) -> PrefillResult:
     """Prefill `input_ids` [1, T] in static chunks of `chunk` tokens, padding the last chunk.
 
     Padding tokens sit after every real token (so causal attention keeps real tokens' results exact), are
@@ -184,7 +189,8 @@ def chunked_prefill(model, input_ids: torch.Tensor, chunk: int, clock=None, meas
             pad = chunk - n_real                         # the static graphs take exactly `chunk` tokens
             if pad:
                 ids = torch.cat([ids, ids.new_full((1, pad), pad_token_id)], 1)
-            ctx = ChunkContext(index=c, past=s, n_real=n_real, length=chunk, clock=clock, dtype_bytes=dtype_bytes)
+            ctx = ChunkContext(index=c, past=s, n_real=n_real, length=chunk, clock=clock, dtype_bytes=dtype_bytes,
+                               npu_weight_bytes=npu_weight_bytes)
             if hooks is not None:
                 hooks.ctx = ctx
             n_events, t_chunk = len(getattr(clock, "events", ())), time.perf_counter()
@@ -234,7 +240,7 @@ def run_prefill(model, input_ids, config: PrefillConfig, measure_hf_experts: boo
         measure_hf_experts = getattr(model, "_npumoe", None) is None
     res = chunked_prefill(model, ids, config.chunk, config.clock(), measure_hf_experts=measure_hf_experts,
                           pad_token_id=config.pad_token_id, attention_role=config.attention,
-                          dtype_bytes=config.dtype_bytes)
+                          dtype_bytes=config.dtype_bytes, npu_weight_bytes=config.npu_weight_bytes)
     return finish(res, config, n_tokens=ids.shape[1])
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-torch.set_num_threads(1)
 
 FAMILY_NAMES = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "phimoe", "gpt_oss", "deepseek_v3", "granitemoe")
 

@@ -1,6 +1,7 @@
-"""JupyterLab in a real browser: start `jupyter lab` on localhost, open 00_quickstart.ipynb in headless Chromium
-(Debian's chromium + chromedriver, driven by selenium), Run -> Run All Cells, wait for the kernel to finish, and
-check that every code cell ran, none raised, and the figures rendered as images.
+"""JupyterLab in a real browser: start `jupyter lab` on localhost, open a notebook in headless Chromium (Debian's
+chromium + chromedriver, driven by selenium), Run -> Run All Cells, wait for the kernel to finish, and check that
+every code cell ran, none raised, and the figures rendered as images. 00_quickstart: its figures and tables;
+10_explorer: its widgets render, and moving a slider through the widget's DOM changes the plotted TTFT.
 
 Needs /usr/bin/chromium and /usr/bin/chromedriver (CI installs them: .ci/run); skipped with the reason otherwise.
 Installs nothing. The notebook is copied into a temporary root with tiny parameters injected (papermill
@@ -30,6 +31,7 @@ JUPYTER = Path(sys.executable).parent / "jupyter"
 NOTEBOOK = "00_quickstart"
 MODEL = os.environ.get("NPUMOE_NOTEBOOK_TEST_MODEL", "tiny")   # another checkpoint folder: test against it
 TINY = dict(model=MODEL, prompt_len=256, chunk=128, calib_tokens=1024)
+EXPLORER = ("10_explorer", dict(model=MODEL, prompt_len=256, chunk=128, calib_tokens=1024))
 RUN_TIMEOUT_S = 240
 STDERR = ".jp-OutputArea [data-mime-type='application/vnd.jupyter.stderr']"   # stderr streams and tracebacks
 
@@ -53,11 +55,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _prepare_root(root: Path) -> None:
+def _prepare_root(root: Path, notebook: str, params: dict) -> None:
     """The notebook with the tiny parameters injected (not executed), plus lab settings for a headless run."""
     import papermill
-    papermill.execute_notebook(str(REPO_ROOT / "notebooks" / f"{NOTEBOOK}.ipynb"), str(root / f"{NOTEBOOK}.ipynb"),
-                               parameters=TINY, prepare_only=True, kernel_name="python3", progress_bar=False)
+    papermill.execute_notebook(str(REPO_ROOT / "notebooks" / f"{notebook}.ipynb"), str(root / f"{notebook}.ipynb"),
+                               parameters=params, prepare_only=True, kernel_name="python3", progress_bar=False)
     settings = root / ".lab" / "settings"
     (settings / "@jupyterlab" / "notebook-extension").mkdir(parents=True)
     (settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True)
@@ -69,12 +71,14 @@ def _prepare_root(root: Path) -> None:
 
 
 @pytest.fixture
-def jupyterlab(tmp_path):
-    """(url of the notebook with the token, the server's root folder, its log); the server is killed afterwards."""
+def jupyterlab(tmp_path, request):
+    """(url of the notebook with the token, the server's root folder, its log); the server is killed afterwards.
+    The notebook and its parameters: 00_quickstart with TINY, or (name, params) by indirect parametrization."""
     _requirements_or_skip()
+    notebook, params = getattr(request, "param", (NOTEBOOK, TINY))
     root = tmp_path / "root"
     root.mkdir()
-    _prepare_root(root)
+    _prepare_root(root, notebook, params)
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ, NPUMOE_NO_PROGRESS="1", NPUMOE_CACHE=str(tmp_path / "cache"),
                JUPYTER_CONFIG_DIR=str(tmp_path / "jupyter-config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"))
@@ -102,7 +106,7 @@ def jupyterlab(tmp_path):
             if proc.poll() is not None or time.time() > deadline:
                 pytest.fail(f"jupyter lab did not start (exit {proc.poll()}):\n{log.read_text()[-3000:]}")
             time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}/lab/tree/{NOTEBOOK}.ipynb?token={token}", root, log
+        yield f"http://127.0.0.1:{port}/lab/tree/{notebook}.ipynb?token={token}", root, log
     finally:
         try:  # the server and the kernels it started (its own session)
             os.killpg(proc.pid, 15)
@@ -152,15 +156,15 @@ def _prompts(driver) -> list[str]:
         ".map(e => e.textContent.trim());")
 
 
-@pytest.mark.slow
-def test_quickstart_runs_in_jupyterlab(jupyterlab, browser):
+def _run_all(browser, url, root, log, notebook, min_cells, screenshot):
+    """Open the notebook, Run All Cells, wait until every cell ran (or one raised); returns the prompts. Fails
+    naming the traceback or the cells that did not run; saves a screenshot either way."""
     import nbformat
     from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as EC
     from selenium.webdriver.support.ui import WebDriverWait
 
-    url, root, log = jupyterlab
     wait = WebDriverWait(browser, 90)
     browser.get(url)
     wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, ".jp-Notebook .jp-CodeCell")))
@@ -168,8 +172,8 @@ def test_quickstart_runs_in_jupyterlab(jupyterlab, browser):
     wait.until(lambda d: d.execute_script(
         "const e = document.querySelector('.jp-Notebook-ExecutionIndicator');"
         "return e && e.getAttribute('data-status') === 'idle';"))
-    n_code = sum(c.cell_type == "code" for c in nbformat.read(root / f"{NOTEBOOK}.ipynb", as_version=4).cells)
-    assert n_code >= 8
+    n_code = sum(c.cell_type == "code" for c in nbformat.read(root / f"{notebook}.ipynb", as_version=4).cells)
+    assert n_code >= min_cells
     wait.until(lambda d: len(_prompts(d)) == n_code)   # every cell rendered
     # status bar "Python 3 (ipykernel) | Idle": the session is connected to a kernel that answered
     wait.until(lambda d: "| Idle" in d.execute_script(
@@ -195,11 +199,25 @@ def test_quickstart_runs_in_jupyterlab(jupyterlab, browser):
         if any("Traceback" in e.text for e in errors):
             break
         time.sleep(1)
-    browser.save_screenshot(str(root.parent / "jupyterlab.png"))   # kept in pytest's tmp folder for a look
-    tracebacks = [e.text[:800] for e in browser.find_elements(By.CSS_SELECTOR, STDERR) if "Traceback" in e.text]
-    assert not tracebacks, f"a cell raised in JupyterLab:\n{tracebacks[0]}"
+    browser.save_screenshot(str(screenshot))   # kept in pytest's tmp folder for a look
+    _assert_no_traceback(browser)
     assert len(prompts) == n_code and all(re.fullmatch(r"\[\d+\]:", p) for p in prompts), \
         f"not every cell ran within {RUN_TIMEOUT_S}s: prompts {prompts}\nserver log:\n{log.read_text()[-2000:]}"
+    return prompts
+
+
+def _assert_no_traceback(browser):
+    from selenium.webdriver.common.by import By
+    tracebacks = [e.text[:800] for e in browser.find_elements(By.CSS_SELECTOR, STDERR) if "Traceback" in e.text]
+    assert not tracebacks, f"a cell raised in JupyterLab:\n{tracebacks[0]}"
+
+
+@pytest.mark.slow
+def test_quickstart_runs_in_jupyterlab(jupyterlab, browser):
+    from selenium.webdriver.common.by import By
+
+    url, root, log = jupyterlab
+    _run_all(browser, url, root, log, NOTEBOOK, 8, root.parent / "jupyterlab.png")
     # the figures (prefill bars + popularity heatmap) rendered as images in output areas
     imgs = browser.find_elements(By.CSS_SELECTOR, ".jp-OutputArea .jp-RenderedImage img")
     assert len(imgs) >= 2
@@ -209,3 +227,54 @@ def test_quickstart_runs_in_jupyterlab(jupyterlab, browser):
     # the parity cell printed its dict and the measured/modeled rows table rendered
     text = browser.find_element(By.CSS_SELECTOR, ".jp-Notebook").text
     assert "'allclose': True" in text and "measured" in text and "modeled" in text
+
+
+def _ttft(browser) -> str:
+    return browser.execute_script("const e = document.querySelector('.npumoe-metrics .npumoe-ttft');"
+                                  "return e ? e.textContent : null;")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("jupyterlab", [EXPLORER], indirect=True)
+def test_explorer_slider_changes_the_plotted_ttft(jupyterlab, browser, tmp_path):
+    """10_explorer runs, its widgets render, and pressing ← on the 'capacity tiers' slider handle (3 -> 2) re-plans:
+    the TTFT text changes, the slider reads 2, the timeline tab draws, and no cell or callback writes an error."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    url, root, log = jupyterlab
+    _run_all(browser, url, root, log, EXPLORER[0], 3, tmp_path / "explorer-ran.png")
+    wait = WebDriverWait(browser, 60)
+    wait.until(lambda d: _ttft(d) is not None)              # the widget view rendered its metrics
+    before = _ttft(browser)
+    assert re.fullmatch(r"TTFT [\d.]+ ms", before), before
+    src = "const i = document.querySelector('img.npumoe-baselines'); return i && i.naturalWidth > 100 ? i.src : null;"
+    wait.until(lambda d: d.execute_script(src))              # the bars vs the baselines (the open tab) drawn
+    bars_before = browser.execute_script(src)
+    slider = browser.find_element(By.XPATH, "//div[contains(@class,'widget-slider')]"
+                                            "[.//label[normalize-space()='capacity tiers']]")
+    readout = slider.find_element(By.CSS_SELECTOR, ".widget-readout")
+    assert readout.text.strip() == "3"
+    handle = slider.find_element(By.CSS_SELECTOR, ".noUi-handle")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", handle)
+    handle.click()
+    handle.send_keys(Keys.ARROW_LEFT)
+    wait.until(lambda d: readout.text.strip() == "2")
+    wait.until(lambda d: _ttft(d) != before)                 # the kernel re-planned and rewrote the metrics
+    after = _ttft(browser)
+    assert re.fullmatch(r"TTFT [\d.]+ ms", after) and after != before, (before, after)
+    wait.until(lambda d: d.execute_script(src) not in (None, bars_before))   # and the bar chart was redrawn
+    status = browser.find_element(By.CSS_SELECTOR, ".npumoe-status").text
+    assert re.search(r"updated in [\d.]+ s", status), status
+    # the lazily drawn timeline tab renders for the new plan
+    browser.find_element(By.XPATH, "//li[contains(@class,'lm-TabBar-tab')]"
+                                   "[.//div[normalize-space()='timeline (modeled)']]").click()
+    wait.until(lambda d: d.execute_script(
+        "const i = document.querySelector('img.npumoe-timeline'); return i && i.naturalWidth > 100;"))
+    browser.save_screenshot(str(tmp_path / "explorer.png"))  # the test artifact: the explorer after the move
+    _assert_no_traceback(browser)
+    # widget callbacks print their exceptions to stderr outputs (library warnings there are not errors)
+    errors = [e.text[:500] for e in browser.find_elements(By.CSS_SELECTOR, STDERR)
+              if re.search(r"Error|Exception|Traceback", e.text)]
+    assert not errors, errors

@@ -17,7 +17,6 @@ from npumoe_lab.calibration import CalibrationProfile, calibrate
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.routing import capture_routing
 
-torch.set_num_threads(1)
 
 
 class CharTokenizer:

@@ -15,7 +15,6 @@ from tests.test_graphs import tiny_parts
 pytestmark = [pytest.mark.macos,
               pytest.mark.skipif(sys.platform != "darwin", reason="needs macOS with Core ML (predict, MLComputePlan, "
                                                                   "powermetrics); Linux builds and validates only")]
-torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,8 @@ from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.experts import LayerHandle
 from npumoe_lab.models.weights import expert_weights
 from npumoe_lab.ops import ChunkContext, chunk_scope
-from tests.test_fastpath import E, H, K, T, experts_module, plan, routing
+from tests.test_fastpath import E, H, T, experts_module, plan, routing
 
-torch.set_num_threads(1)
 KERNELS = ["torch"] + (["onednn"] if onednn_packs(torch.float32) else [])
 
 

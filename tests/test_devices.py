@@ -2,7 +2,6 @@
 import time
 
 import pytest
-import torch
 
 from npumoe_lab.devices import (DeviceModel, OpCost, attention_cost, dense_cost, expert_ffn_cost,
                                 format_platforms, get_platform, list_platforms, measure, memory_cost)
@@ -10,7 +9,6 @@ from npumoe_lab.devices import hostprofile, measured
 from npumoe_lab.devices.platform import FIELDS, REQUIRED, _read_yaml
 from npumoe_lab.errors import NpuMoeError
 
-torch.set_num_threads(1)
 APPLE = ["m2-max", "m2-ultra", "m3-max", "m4-max"]
 
 
@@ -42,7 +40,27 @@ def test_dense_and_memory_cost_by_hand():
     assert (both.flops, both.bytes, both.calls) == (210.0, 1142.0, 2)
 
 
+def test_builders_carry_gemm_shape_and_weight_bytes():
+    c = expert_ffn_cost(2, 4, 8, 16, weight_bytes=1)     # per expert [C, H] x [H, I]: (M, N, K) = (4, 16, 8)
+    assert c.gemm == (4, 16, 8)
+    assert c.bytes == 3 * 2 * 8 * 16 * 1 + 2 * 2 * 4 * 8 * 2 == 1024  # int8 weights, fp16 activations
+    assert expert_ffn_cost(2, 4, 8, 16, dtype_bytes=4).bytes == (3 * 2 * 8 * 16 + 2 * 2 * 4 * 8) * 4
+    d = dense_cost(3, 5, 7, weight_bytes=1)
+    assert (d.gemm, d.bytes) == ((3, 7, 5), 35 * 1 + (15 + 21) * 2)
+    a = attention_cost(chunk=4, past=12, hidden=16, n_heads=4, n_kv_heads=2, head_dim=4, weight_bytes=1)
+    assert a.gemm == (4, 16, 16)                          # the Q projection [4, 16] x [16, 4*4]
+    assert a.bytes == 768 * 1 + (2 * 4 * 16 + 2 * 16 * 8 + 2 * 4 * 8) * 2
+    both = OpCost.combine("x", memory_cost(10, "m"), d, expert_ffn_cost(1, 1, 2, 2))
+    assert both.gemm == d.gemm                            # the op with the most FLOPs (210 vs 24)
+    with pytest.raises(NpuMoeError, match="weight_bytes"):
+        expert_ffn_cost(1, 1, 1, 1, weight_bytes=0)
+
+
 def test_opcost_validation():
+    with pytest.raises(NpuMoeError, match=r"\(M, N, K\)"):
+        OpCost("x", 1.0, 1.0, gemm=(1, 2))
+    with pytest.raises(NpuMoeError, match="gemm N"):
+        OpCost("x", 1.0, 1.0, gemm=(1, 0, 2))
     with pytest.raises(NpuMoeError, match="flops"):
         OpCost("x", -1.0, 0.0)
     with pytest.raises(NpuMoeError, match="calls"):
@@ -93,8 +111,12 @@ def test_platform_list_and_yaml_completeness():
                 assert entry["confidence"] in ("H", "M", "L")
         p = get_platform(name)
         for role in ("npu", "cpu"):
-            for key, entry in p.params[role].items():  # after loading, every value is a number
-                assert isinstance(entry["value"], (int, float)) and entry["source"], (name, role, key)
+            for key, entry in p.params[role].items():  # after loading, every value is a number (or points)
+                v = entry["value"]
+                if key == "throughput_curve":
+                    assert all(isinstance(x, (int, float)) for pt in v for x in pt), (name, role, key)
+                else:
+                    assert isinstance(v, (int, float)) and entry["source"], (name, role, key)
 
 
 def test_apple_platforms_are_modeled_and_host_is_measured():
@@ -121,6 +143,51 @@ def test_m2_ultra_uses_one_ane_cluster():
     assert ultra.npu.bandwidth_bytes_s == pytest.approx(m2max.npu.bandwidth_bytes_s, rel=0.01)
     assert any("one 16-core ANE cluster" in a.lower() or "ONE 16-core" in a for a in ultra.params["assumptions"])
     assert ultra.cpu.cores == 16
+
+
+def test_gemm_rate_curve_log_log_and_clamped():
+    p = get_platform("m2-max")
+    npu = p.npu
+    assert npu.gemm_rate((1024, 1024, 1024)) == pytest.approx(1.68e12)          # a measured point, exactly
+    assert npu.gemm_rate((2048, 2048, 2048)) == pytest.approx(4.51e12)
+    # (512*1024*2048)**(1/3) = 1024: a non-square GEMM rated as the cube of the same work
+    assert npu.gemm_rate((512, 1024, 2048)) == pytest.approx(1.68e12)
+    # 1448 ~ sqrt(1024*2048): half way in log size -> geometric mean of the two rates
+    assert npu.gemm_rate((1448, 1448, 1448)) == pytest.approx((1.68e12 * 4.51e12) ** 0.5, rel=1e-3)
+    assert npu.gemm_rate((8, 8, 8)) == 0.93e12 and npu.gemm_rate((9000, 9000, 9000)) == 5.38e12   # clamped
+    assert npu.gemm_rate(None) == 5.38e12                                       # no shape: the flat rate
+    assert p.cpu.gemm_rate((8, 8, 8)) == p.cpu.throughput_flops                 # no curve on this role
+    op = OpCost("g", 2.0 * 1024 ** 3, 1.0, gemm=(1024, 1024, 1024))
+    assert npu.estimate(op) == pytest.approx(3e-4 + 2.0 * 1024 ** 3 / 1.68e12)
+    m4 = get_platform("m4-max").npu                                             # falls above 2048 (SRAM spill)
+    assert m4.gemm_rate((4096,) * 3) == pytest.approx(6.68e12) and m4.gemm_rate((2048,) * 3) == pytest.approx(8.87e12)
+
+
+def test_curve_and_weight_overrides():
+    flat = get_platform("m2-max", npu_throughput_flops="gemm_2048")
+    assert flat.npu.throughput_curve is None                     # a flat-rate override means that rate everywhere
+    assert flat.npu.gemm_rate((1024,) * 3) == 4.51e12
+    assert "set aside" in flat.params["npu"]["throughput_curve"]["note"]
+    assert get_platform("m2-max", npu_throughput_curve="flat").npu.throughput_curve is None
+    sub = get_platform("m2-max", npu_throughput_curve="dispatch_subtracted").npu
+    assert sub.gemm_rate((1024,) * 3) == pytest.approx(1.82e12)                # 2*1024**3 / (1.278 ms - 0.1 ms)
+    with pytest.raises(NpuMoeError, match="alternatives"):
+        get_platform("m2-max", npu_throughput_curve=1e12)
+    int8 = get_platform("m2-max", npu_weight_bytes="int8")
+    assert (int8.npu.weight_bytes, get_platform("m2-max").npu.weight_bytes) == (1, 2)
+    with pytest.raises(NpuMoeError, match="whole number"):
+        get_platform("m2-max", npu_weight_bytes=1.5)
+    with pytest.raises(NpuMoeError, match="strictly increasing"):
+        DeviceModel("npu", "modeled", 1e12, 1e10, 1.0, 0.0, throughput_curve=((1024, 1e12), (512, 2e12)))
+
+
+def test_bandwidth_per_chip_and_role():
+    m2max, ultra, m4 = (get_platform(n) for n in ("m2-max", "m2-ultra", "m4-max"))
+    assert (m2max.cpu.bandwidth_bytes_s, ultra.cpu.bandwidth_bytes_s) == (4.0e10, 8.0e10)   # two dies
+    assert ultra.params["cpu"]["bandwidth_bytes_s"]["alternatives"]["chip_spec"] == 8.0e11
+    assert m2max.params["cpu"]["bandwidth_bytes_s"]["alternatives"]["chip_spec"] == 4.0e11
+    assert (m2max.npu.bandwidth_bytes_s, ultra.npu.bandwidth_bytes_s) == (6.201e10, 6.168e10)  # the ANE's own
+    assert m4.cpu.bandwidth_bytes_s == 1.2e11
 
 
 def test_unknown_platform_lists_valid_ones():

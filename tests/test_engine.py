@@ -10,7 +10,6 @@ from npumoe_lab.runtime import chunked_prefill
 from npumoe_lab.layout import ExecutionLayout
 from tests.model_zoo import tiny_model
 
-torch.set_num_threads(1)
 
 
 def make_plan(specs, capacity, group_size=2, cold_every=0, saliency="weight_x_norm", renormalize=False):

@@ -13,7 +13,6 @@ from npumoe_lab.experts import LayerHandle
 from npumoe_lab.layout import ExecutionLayout
 from npumoe_lab.packing import Workspace, group_ffn, group_ffn_into, pack, plan_dispatch, scatter
 
-torch.set_num_threads(1)
 E, K, H, I, T = 8, 2, 32, 16, 40
 
 

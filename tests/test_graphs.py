@@ -22,7 +22,6 @@ from npumoe_lab.packing import group_ffn
 from npumoe_lab.plan import Plan
 from tests.model_zoo import tiny_model
 
-torch.set_num_threads(1)
 FIXTURES = Path(__file__).parent / "fixtures"
 
 

@@ -20,7 +20,6 @@ from npumoe_lab.graphs.validate_attention import validate_attention_package
 from tests.test_graphs import tiny_parts, tiny_plan
 
 ct = pytest.importorskip("coremltools")
-torch.set_num_threads(1)
 
 
 def _spec(w, experts, caps):

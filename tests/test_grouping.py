@@ -1,13 +1,11 @@
 """Groups of same-tier experts: hand-worked layouts, the caps on group size, and invariants."""
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings, strategies as st
 
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.grouping import group_size_limit, make_groups, make_groups_with_notes
 
-torch.set_num_threads(1)
 TIER = [0, 0, 1, 1, 2, 2, 2, 2]
 CAP = [40, 40, 24, 24, 8, 8, 8, 8]
 LOAD = [30.0, 25.0, 12.0, 9.0, 5.0, 4.0, 2.0, 1.0]

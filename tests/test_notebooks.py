@@ -25,7 +25,7 @@ from npumoe_lab.utils import REPO_ROOT  # noqa: E402
 
 NB_DIR = REPO_ROOT / "notebooks"
 NOTEBOOKS = ("00_quickstart", "01_calibration", "02_static_tiers", "03_grouping", "04_residency", "05_baselines",
-             "06_accuracy", "07_figures", "08_paper_scale")
+             "06_accuracy", "07_figures", "08_paper_scale", "10_explorer")
 MODEL = os.environ.get("NPUMOE_NOTEBOOK_TEST_MODEL", "tiny")   # another checkpoint folder: test against it
 SMALL = dict(model=MODEL, prompt_len=256, chunk=128, calib_tokens=1024, n_samples=1)
 
@@ -225,6 +225,22 @@ def test_08_paper_scale(kernel_env, tmp_path):
     assert len(images(nb)) == 2                 # main figure + ablation
     text = "".join(o.get("data", {}).get("text/markdown", "") for c in nb.cells for o in c.get("outputs", []))
     assert "Where NPUMoE loses" in text and "phi-tiny-moe" in text
+
+
+@pytest.mark.slow
+def test_10_explorer(kernel_env, tmp_path):
+    out = tmp_path / "rows"
+    nb = execute("10_explorer", tmp_path, model=MODEL, prompt_len=256, chunk=128, calib_tokens=1024, out_dir=str(out))
+    assert not errors(nb)
+    df = load_results(out)
+    assert set(df.configuration) == {"this plan", "cpu-only", "anemll", "naive-npu", "npumoe-base",
+                                     "npumoe (default knobs)"}
+    assert (df.timing_source == "modeled").all() and (df.ttft_s > 0).all()
+    mine = df[df.configuration == "this plan"].iloc[0]
+    assert mine.n_tiers == 3 and mine.group_size == 8 and mine.plan_hash
+    # the app's own view rendered (papermill keeps the widget's text/plain repr)
+    text = "".join(str(o.get("data", {}).get("text/plain", "")) for c in nb.cells for o in c.get("outputs", []))
+    assert "Explorer(" in text or "VBox(" in text
 
 
 def test_sweep_yaml_names_notebook_parameters():

@@ -13,7 +13,6 @@ from npumoe_lab.packing import group_ffn
 from tests.test_graphs import tiny_parts
 
 ort = pytest.importorskip("onnxruntime")
-torch.set_num_threads(1)
 
 
 @pytest.fixture()

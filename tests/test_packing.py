@@ -7,7 +7,6 @@ from hypothesis import strategies as st
 from npumoe_lab.models.weights import ExpertWeights
 from npumoe_lab.packing import Layout, pack, plan_dispatch, run_groups, scatter
 
-torch.set_num_threads(1)
 
 
 def reference_slots(idx, scores, capacity):

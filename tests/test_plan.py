@@ -6,7 +6,6 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
-import torch
 
 from npumoe_lab import cli
 from npumoe_lab.calibration import CalibrationProfile
@@ -14,7 +13,6 @@ from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.plan import Plan, build_plan, variant_plan
 from npumoe_lab.tiers import assign_tiers
 
-torch.set_num_threads(1)
 FIXTURE = Path(__file__).parent / "fixtures" / "skewed_counts.parquet"
 SPECS = [SimpleNamespace(layer=l, n_experts=64, top_k=2, hidden=2048, intermediate=768) for l in (0, 1)]
 
@@ -31,8 +29,18 @@ def profile():
     return CalibrationProfile(counts, stats, meta)
 
 
+def test_residency_default_is_cost_and_threshold_is_the_knob(profile):
+    assert build_plan(profile, SPECS).knobs["residency"] == "cost"
+    assert build_plan(profile, SPECS, hot_threshold=4.0).knobs["residency"] == "threshold"
+    with pytest.raises(NpuMoeError, match="residency 'threshold' only"):
+        build_plan(profile, SPECS, residency="cost", hot_threshold=4.0)
+    assert build_plan(profile, SPECS, platform=None).knobs["residency"] == "threshold"   # no cost model
+    with pytest.raises(NpuMoeError, match="needs a platform"):
+        build_plan(profile, SPECS, platform=None, residency="cost")
+
+
 def test_default_plan_structure(profile):
-    plan = build_plan(profile, SPECS, platform="m2-max")
+    plan = build_plan(profile, SPECS, platform="m2-max", residency="threshold")
     assert [lp["layer"] for lp in plan.layers] == [0, 1]
     for lp in plan.layers:
         ref = assign_tiers(profile.count_matrix(lp["layer"]), 512, 2, 64)
@@ -109,7 +117,7 @@ def test_summary_reports_caps(profile):
 
 
 def test_bad_input(profile):
-    with pytest.raises(NpuMoeError, match="unknown saliency rule 'gate'"):
+    with pytest.raises(NpuMoeError, match="saliency='gate' is not one of weight_x_norm"):
         build_plan(profile, SPECS, saliency="gate")
     with pytest.raises(NpuMoeError, match="min_capacity"):
         build_plan(profile, SPECS, min_capacity=0)
@@ -117,7 +125,7 @@ def test_bad_input(profile):
         build_plan(profile, SPECS, multipliers=(4, 0, 1))
     with pytest.raises(NpuMoeError, match="larger than the"):
         build_plan(profile, SPECS, group_size=64, strict=True)
-    with pytest.raises(NpuMoeError, match="group_size must be"):
+    with pytest.raises(NpuMoeError, match="group_size=0 must be a number >= 1"):
         build_plan(profile, SPECS, group_size=0)
 
 

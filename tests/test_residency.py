@@ -1,14 +1,13 @@
 """Residency: threshold and cost rules and the memory budget, by hand and against a simple independent cost model."""
+import math
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.grouping import Group
-from npumoe_lab.residency import assign_residency
+from npumoe_lab.residency import assign_residency, group_times
 
-torch.set_num_threads(1)
 H, I = 16, 32
 SPEC = SimpleNamespace(hidden=H, intermediate=I)
 
@@ -64,4 +63,22 @@ def test_cost_mode_with_a_modeled_platform():
     spec = SimpleNamespace(hidden=2048, intermediate=768)
     gs = [Group(0, 0, 256, tuple(range(8)), 1500.0, 8 * 3 * 2048 * 768 * 2),
           Group(1, 1, 8, (8,), 0.2, 3 * 2048 * 768 * 2)]
-    assert assign_residency(gs, "cost", platform=plat, spec=spec) == [True, False]
+    # group 0: 8 experts x 256 slots, 1500 tokens expected. NPU: GEMM (256, 768, 2048), effective size
+    # (256*768*2048)**(1/3) = 738.5, between the 512 (0.93 TF/s) and 1024 (1.68 TF/s) points: log-log rate
+    # 0.93e12 * (1.68/0.93)**log2(738.5/512) = 1.271e12 -> 0.3 ms + 6*8*256*2048*768 / 1.271e12 = 15.5 ms
+    # (compute-bound: 92.3 MB / 62.01 GB/s = 1.49 ms). CPU: 188 rows per expert, 8 op calls:
+    # 8 * 2e-5 + max(6*8*188*2048*768 / 2.28e12, 87.8 MB / 40 GB/s) = 0.16 + 6.23 = 6.39 ms -> the CPU is faster
+    rate = 0.93e12 * (1.68 / 0.93) ** math.log2((256 * 768 * 2048) ** (1 / 3) / 512)
+    npu_s = 3e-4 + 6 * 8 * 256 * 2048 * 768 / rate
+    cpu_s = 8 * 2e-5 + 6 * 8 * 188 * 2048 * 768 / 2.28e12
+    assert group_times(gs[0], plat, 2048, 768, load=1500.0) == (pytest.approx(npu_s), pytest.approx(cpu_s))
+    assert (round(npu_s * 1e3, 1), round(cpu_s * 1e3, 2)) == (15.5, 6.39)
+    assert assign_residency(gs, "cost", platform=plat, spec=spec) == [False, False]
+    # at the flat 5.38 TF/s (the curve set aside) the same group takes 0.3 + 3.59 ms on the NPU: resident
+    flat = get_platform("m2-max", npu_throughput_curve="flat")
+    assert group_times(gs[0], flat, 2048, 768)[0] == pytest.approx(3e-4 + 6 * 8 * 256 * 2048 * 768 / 5.38e12)
+    assert assign_residency(gs, "cost", platform=flat, spec=spec) == [True, False]
+    # the CPU's load is the routed one when given: 60 tokens make the CPU faster than the flat NPU call too
+    assert assign_residency(gs, "cost", platform=flat, spec=spec, loads=[60.0, 0.2]) == [False, False]
+    with pytest.raises(NpuMoeError, match="one per group"):
+        assign_residency(gs, "cost", platform=flat, spec=spec, loads=[1.0])

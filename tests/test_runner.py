@@ -11,7 +11,6 @@ from npumoe_lab.experiments.runner import ablation_report, run_experiment
 from npumoe_lab.models import TINY_MODEL_DIR
 from npumoe_lab.variants import VARIANTS
 
-torch.set_num_threads(2)
 FIXED_KEYS = ["model", "workload", "variant", "platform", "prompt_len", "chunk", "repeat"]
 METRICS = ["ttft_s", "energy_j", "energy_per_token_mj", "cpu_busy_s", "cpu_cycles", "n_npu_calls", "drop_rate",
            "pad_rate", "timing_source", "platform_profile", "platform_hash", "model_fingerprint", "plan_hash",

@@ -7,7 +7,6 @@ from hypothesis import given, settings, strategies as st
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.saliency import SALIENCY_RULES, drop_counts, reference_keep, saliency_scores
 
-torch.set_num_threads(1)
 
 # 4 tokens, top-2 over 3 experts. Expert 0 receives 4 assignments but holds 2; experts 1 and 2 receive 2, hold 1.
 IDX = np.array([[0, 1], [0, 2], [0, 1], [2, 0]])

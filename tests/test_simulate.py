@@ -12,11 +12,14 @@ import torch
 
 import npumoe_lab as nl
 from npumoe_lab import cli
+from npumoe_lab.clock import NullClock
+from npumoe_lab.engine import _group_cost
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.experiments.runner import _attach_variant
 from npumoe_lab.experiments.store import load_results
 from npumoe_lab.geometry import ModelGeometry
 from npumoe_lab.models import describe
+from npumoe_lab.ops import ChunkContext
 from npumoe_lab.routing import RoutingRecorder
 from npumoe_lab.runtime import PrefillConfig, run_prefill
 from npumoe_lab.sim.geometries import load_geometry
@@ -25,7 +28,6 @@ from npumoe_lab.sim.routing import RecordedRouting, gini, parse_routing, sample_
 from npumoe_lab.sim.run import simulate, variant_executor
 from npumoe_lab.variants import VARIANTS
 
-torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +122,20 @@ def test_simulate_cli_writes_rows_that_load(tmp_path, capsys):
     assert set(df.geometry) == {"phi-tiny-moe"} and df.routing_source.str.startswith("synthetic:gini=0.6").all()
     assert "score" not in df or df.score.isna().all()          # nothing computed, nothing scored
     assert "npumoe TTFT speedup (baseline / npumoe, modeled)" in capsys.readouterr().out
+
+
+def test_int8_weights_halve_the_npu_weight_bytes():
+    """--weights int8: the NPU streams one byte per weight (hand check on one group of the naive plan)."""
+    rows = {w: simulate("phi-tiny-moe", "synthetic:gini=0.5", "m2-max", "npumoe-tg", 512, 256, weights=w)
+            for w in ("fp16", "int8")}
+    assert (rows["int8"].weights == "int8").all() and rows["int8"].platform_hash[0] != rows["fp16"].platform_hash[0]
+    assert rows["int8"].ttft_s[0] <= rows["fp16"].ttft_s[0]
+    _, _, geo = load_geometry("phi-tiny-moe")
+    ctx = ChunkContext(0, 0, 256, 256, NullClock(), npu_weight_bytes=1)
+    s = geo.moe[0]
+    half = _group_cost(4, 64, s.hidden, s.intermediate, 2, ctx.weight_bytes("npu"))
+    full = _group_cost(4, 64, s.hidden, s.intermediate, 2, 2)
+    assert full.bytes - half.bytes == 3 * 4 * s.hidden * s.intermediate       # the weights' second byte only
 
 
 @pytest.mark.parametrize("args,message", [

@@ -6,12 +6,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.tiers import align_up, assign_tiers, expected_drop_rate, expected_padding, expected_kept_tokens
 
-torch.set_num_threads(1)
 FIXTURE = Path(__file__).parent / "fixtures" / "skewed_counts.parquet"
 SKEW_CHUNK, SKEW_TOP_K, SKEW_E, SKEW_CHUNKS = 512, 2, 64, 64
 

@@ -2,20 +2,20 @@
 import math
 
 import pytest
-import torch
 
 from npumoe_lab.devices import DeviceModel, OpCost, Platform, get_platform
+from npumoe_lab.devices.cost import expert_ffn_cost
 from npumoe_lab.devices.measured import Measurement
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.timeline import Event, measured_event, modeled_event, schedule, summarize, to_frame
 
-torch.set_num_threads(1)
 
 
 def toy_platform(shares: bool = False) -> Platform:
     # round numbers so every duration below is computed by hand
     npu = DeviceModel("npu", "modeled", throughput_flops=1e12, bandwidth_bytes_s=1e11, active_power_w=4.0,
-                      idle_power_w=0.0, dispatch_s=0.5e-3, sync_s=0.5e-3, graph_limit_bytes=1e9, max_dim=16384)
+                      idle_power_w=0.0, dispatch_s=0.5e-3, sync_s=0.5e-3, graph_limit_bytes=1e9, max_dim=16384,
+                      host_cores=1.0)
     cpu = DeviceModel("cpu", "modeled", throughput_flops=1e11, bandwidth_bytes_s=5e10, active_power_w=8.0,
                       idle_power_w=0.5, freq_hz=3e9, cores=4)
     return Platform("toy", "hand-made", "modeled", npu, cpu, shares, {}, "0" * 64)
@@ -47,12 +47,15 @@ def test_overlapping_schedule_and_summary_by_hand():
     assert s["npu_busy_s"] == pytest.approx(11e-3)
     assert s["cpu_busy_s"] == pytest.approx(8e-3)
     assert s["n_npu_calls"] == 2
-    assert s["cpu_cycles"] == pytest.approx(8e-3 * 3e9)
-    # npu: 4 W x 11 ms + 0; cpu: 8 W x 8 ms + 0.5 W x (13 - 8) ms
-    energy = 4.0 * 11e-3 + 8.0 * 8e-3 + 0.5 * 5e-3
+    # host core-seconds: cpu events 8 ms x 4 cores, plus 2 NPU calls x 1 core x (0.5 + 0.5) ms dispatch + sync
+    core_s = 8e-3 * 4 + 2 * 1e-3
+    assert s["cpu_core_s"] == pytest.approx(core_s)
+    assert s["cpu_cycles"] == pytest.approx(core_s * 3e9)
+    # npu: 4 W x 11 ms + 0; cpu: (8 W / 4 cores) x core-seconds + 0.5 W x (13 - 8) ms
+    energy = 4.0 * 11e-3 + 2.0 * core_s + 0.5 * 5e-3
     assert s["energy_j"] == pytest.approx(energy)
     assert s["energy_per_token_mj"] == pytest.approx(energy / 100 * 1e3)
-    assert s["timing_source"] == "modeled" and s["energy_source"] == "modeled"
+    assert (s["timing_source"], s["energy_source"], s["cycles_source"]) == ("modeled",) * 3
 
 
 def test_shared_queue_serialises_npu_and_cpu():
@@ -61,8 +64,11 @@ def test_shared_queue_serialises_npu_and_cpu():
     assert [e.start_s for e in ev] == pytest.approx([0, 5e-3, 11e-3, 17e-3])
     s = summarize(ev, p, n_tokens=10)
     assert s["ttft_s"] == pytest.approx(19e-3)
-    assert s["energy_j"] == pytest.approx(4.0 * 11e-3 + 8.0 * 8e-3 + 0.5 * 11e-3)
-    assert s["cpu_cycles"] == pytest.approx((8e-3 + 11e-3) * 3e9)  # NPU role runs on the CPU here
+    # the NPU role is host cores here: cpu events x 4 cores + NPU events x host_cores (1), no separate NPU power;
+    # the host is busy all 19 ms, so no idle energy
+    core_s = 8e-3 * 4 + 11e-3 * 1
+    assert s["energy_j"] == pytest.approx(2.0 * core_s)
+    assert s["cpu_cycles"] == pytest.approx(core_s * 3e9)
 
 
 def test_summarize_schedules_unscheduled_events_with_platform_flag():
@@ -85,9 +91,31 @@ def test_mixed_and_measured_sources():
     s = summarize(ev, p, n_tokens=1)
     assert s["timing_source"] == "mixed"
     assert s["timing_source_cpu"] == "measured" and s["timing_source_npu"] == "modeled"
-    assert s["cpu_cycles"] == pytest.approx(4e-3 * 3e9)  # measured CPU seconds (both threads), not wall
+    # measured CPU seconds (both threads), not wall, plus the two modeled NPU calls' 1 ms dispatch + sync each
+    assert s["cpu_cycles"] == pytest.approx((4e-3 + 2e-3) * 3e9)
+    assert s["cycles_source"] == "mixed" and s["energy_source"] == "mixed"
+    assert summarize(ev[:1], p, n_tokens=1)["cycles_source"] == "measured-cpu-time x modeled-clock"
+    assert summarize(ev[:1], p, n_tokens=1)["energy_source"] == "measured-time x modeled-power"
     s = summarize(ev, p, n_tokens=1, measured_energy_j=1.5)
     assert s["energy_j"] == 1.5 and s["energy_source"] == "measured"
+
+
+def test_two_thread_measured_run_counts_both_threads():
+    # a measured run without per-op CPU time (what runtime.Clock records): each event keeps the run's 2 torch
+    # threads busy for its wall time; on the host platform the NPU role's graphs run on the same threads
+    p = toy_platform(shares=True)
+    ev = [Event("attention", 0, 0, "cpu", 0.5, 0, 0, "measured"),
+          Event("group0", 0, 0, "npu", 0.25, 0, 0, "measured", deps=(0,))]
+    s = summarize(ev, p, n_tokens=4, threads=2)
+    assert s["cpu_core_s"] == pytest.approx(2 * (0.5 + 0.25))
+    assert s["cpu_cycles"] == pytest.approx(2 * 0.75 * 3e9)
+    assert s["energy_j"] == pytest.approx(2.0 * 2 * 0.75)   # 2 W per core x 2 threads x 0.75 s, never idle
+    assert s["cpu_threads"] == 2
+    assert s["cycles_source"] == "measured-time x threads x modeled-clock"
+    assert s["energy_source"] == "measured-time x modeled-power" and s["timing_source"] == "measured"
+    assert summarize(ev, p, n_tokens=4, threads=1)["cpu_cycles"] == pytest.approx(0.75 * 3e9)
+    with pytest.raises(NpuMoeError, match="threads"):
+        summarize(ev, p, n_tokens=4, threads=0)
 
 
 def test_bad_dependencies_and_fields_raise():
@@ -124,4 +152,36 @@ def test_m2_max_expert_group_by_hand():
     assert ev.duration_s == pytest.approx(expected)
     assert math.isclose(nbytes / 6.201e10, 1.2851e-3, rel_tol=1e-3)
     s = summarize([ev], p, n_tokens=512)
-    assert s["energy_j"] == pytest.approx(4.6 * expected + 0.027 * expected)  # CPU idles at 27 mW meanwhile
+    # ANE 4.6 W; one P-core (2.4 W) through the 0.3 ms dispatch + sync; the CPU rail idles at 27 mW meanwhile
+    assert s["energy_j"] == pytest.approx(4.6 * expected + 2.4 * 3e-4 + 0.027 * expected)
+    assert s["cpu_cycles"] == pytest.approx(3e-4 * 3.3e9)
+
+
+def test_m2_max_shape_aware_ane_rate_by_hand():
+    # one expert, C=1024 rows, H=I=2048: GEMM (M, N, K) = (1024, 2048, 2048), effective size (1024*2048*2048)**(1/3)
+    # = 2**(32/3) = 1625.5, two thirds of the way (in log size) from the 1024 point (1.68 TF/s) to the 2048 point
+    # (4.51 TF/s): rate = 1.68e12 * (4.51 / 1.68) ** (2 / 3) = 3.245e12 FLOP/s
+    p = get_platform("m2-max")
+    rate = 1.68e12 * (4.51 / 1.68) ** (2 / 3)
+    assert math.isclose(rate, 3.245e12, rel_tol=1e-3)
+    flops = 6 * 1024 * 2048 * 2048                               # 2.577e10: compute-bound at 7.94 ms
+    nbytes = 3 * 2048 * 2048 * 2 + 2 * 1024 * 2048 * 2           # 33.6 MB: 0.54 ms at 62.01 GB/s
+    ev = modeled_event(p.npu, expert_ffn_cost(1, 1024, 2048, 2048), chunk=0, layer=0)
+    assert (ev.flops, ev.bytes) == (flops, nbytes)
+    assert ev.duration_s == pytest.approx(3e-4 + flops / rate)
+    assert math.isclose(ev.duration_s, 8.241e-3, rel_tol=1e-3)
+
+
+def test_m2_max_int8_weights_by_hand():
+    # C=4 rows is bandwidth-bound: int8 weights halve the streamed weight bytes, the activations stay fp16
+    p = get_platform("m2-max", npu_weight_bytes="int8")
+    assert p.npu.weight_bytes == 1
+    op = expert_ffn_cost(1, 4, 2048, 2048, weight_bytes=p.npu.weight_bytes)
+    nbytes = 3 * 2048 * 2048 * 1 + 2 * 4 * 2048 * 2              # 12,615,680 B: 0.2034 ms at 62.01 GB/s
+    compute = 6 * 4 * 2048 * 2048 / 0.93e12                      # size (4*2048*2048)**(1/3) = 256 < 512: clamped, 0.108 ms
+    ev = modeled_event(p.npu, op, chunk=0, layer=0)
+    assert ev.bytes == nbytes
+    assert ev.duration_s == pytest.approx(3e-4 + nbytes / 6.201e10)
+    assert nbytes / 6.201e10 > compute
+    fp16 = modeled_event(p.npu, expert_ffn_cost(1, 4, 2048, 2048, weight_bytes=2), chunk=0, layer=0)
+    assert fp16.duration_s == pytest.approx(3e-4 + (3 * 2048 * 2048 * 2 + 2 * 4 * 2048 * 2) / 6.201e10)

@@ -18,7 +18,6 @@ DOMAINS = ("scripture", "drama", "pydocs", "code")
 pytestmark = pytest.mark.skipif(not (MODEL / "model.safetensors").exists() or not (MODEL / "card_metrics.json").exists(),
                                 reason="bundled model not trained/carded yet: run `python -m npumoe_lab.train.trainer` "
                                        "then `python -m npumoe_lab.train.card` (see data/models/npumoe-tiny/README.md)")
-torch.set_num_threads(1)  # robust on a shared 2-core machine
 
 
 @pytest.fixture(scope="module")

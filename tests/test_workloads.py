@@ -20,7 +20,6 @@ from npumoe_lab.workloads.hf_tasks import hellaswag_preprocess
 from npumoe_lab.workloads.ruler import synthetic_text
 from npumoe_lab.workloads.scoring import evaluate_sample
 
-torch.set_num_threads(1)  # 1 thread: immune to OpenMP barrier stalls when the 2 cores are shared
 FIX = Path(__file__).resolve().parent.parent / "data" / "fixtures"
 SYNTH = ["ruler-multikey", "ruler-vt", "fewshot-cls", "lm-heldout"]
 

@@ -2,6 +2,10 @@
 
 Pure arithmetic, no device knowledge: a DeviceModel (platform.py) turns an OpCost into seconds. FLOPs count
 2 per multiply-accumulate (the convention of the ANE/CPU throughput sources in ANE_PARAMETERS.md).
+Byte sizes: `dtype_bytes` is the activation (and default weight) element size; `weight_bytes` (None = dtype_bytes)
+is the stored weight element size, e.g. 1 for int8 weights dequantized on the NPU (only weights shrink then).
+`gemm` = (M, N, K) of the op's dominant GEMM, [M, K] x [K, N]: a device whose GEMM rate depends on the shape
+(the ANE's throughput_curve) rates the whole op at that GEMM's shape.
 """
 from __future__ import annotations
 
@@ -17,19 +21,34 @@ def _check_count(what: str, value, minimum: int = 1) -> int:
     return value
 
 
+def _counts(**named) -> list[int]:
+    """Each named argument checked as a whole number >= 1, in the order given."""
+    return [_check_count(what, value) for what, value in named.items()]
+
+
 def _check_amount(what: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise NpuMoeError(f"{what} must be a finite number >= 0, got {value!r}; pass a non-negative number")
     return float(value)
 
 
+def _check_gemm(name: str, gemm):
+    if gemm is None:
+        return None
+    if not isinstance(gemm, (tuple, list)) or len(gemm) != 3:
+        raise NpuMoeError(f"OpCost {name!r} gemm must be (M, N, K) of its largest GEMM or None, got {gemm!r}")
+    return tuple(_check_count(f"OpCost {name!r} gemm {d}", v) for d, v in zip("MNK", gemm))
+
+
 @dataclass(frozen=True)
 class OpCost:
-    """One operation as a device sees it. `calls` = device dispatches (graph calls) the op needs."""
+    """One operation as a device sees it. `calls` = device dispatches (graph calls) the op needs;
+    `gemm` = (M, N, K) of its dominant GEMM (None: no GEMM, or shape unknown -> the device's flat rate)."""
     name: str
     flops: float
     bytes: float
     calls: int = 1
+    gemm: tuple[int, int, int] | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -37,6 +56,7 @@ class OpCost:
         object.__setattr__(self, "flops", _check_amount(f"OpCost {self.name!r} flops", self.flops))
         object.__setattr__(self, "bytes", _check_amount(f"OpCost {self.name!r} bytes", self.bytes))
         _check_count(f"OpCost {self.name!r} calls", self.calls)
+        object.__setattr__(self, "gemm", _check_gemm(self.name, self.gemm))
 
     @property
     def intensity(self) -> float:
@@ -45,62 +65,66 @@ class OpCost:
 
     @staticmethod
     def combine(name: str, *ops: "OpCost") -> "OpCost":
-        """Several ops run as one: FLOPs, bytes and calls add up."""
+        """Several ops run as one: FLOPs, bytes and calls add up; the GEMM shape is the largest op's."""
         if not ops:
             raise NpuMoeError(f"OpCost.combine({name!r}) got no ops; pass at least one OpCost")
-        return OpCost(name, sum(o.flops for o in ops), sum(o.bytes for o in ops), sum(o.calls for o in ops))
+        top = max(ops, key=lambda o: o.flops)
+        return OpCost(name, sum(o.flops for o in ops), sum(o.bytes for o in ops), sum(o.calls for o in ops),
+                      top.gemm)
+
+
+def _weight_size(weight_bytes, dtype_bytes: int) -> int:
+    return dtype_bytes if weight_bytes is None else _check_count("weight_bytes", weight_bytes)
 
 
 def expert_ffn_cost(n_experts_in_graph: int, capacity: int, hidden: int, intermediate: int,
-                    dtype_bytes: int = 2, calls: int = 1, name: str = "expert_group") -> OpCost:
+                    dtype_bytes: int = 2, calls: int = 1, name: str = "expert_group",
+                    weight_bytes: int | None = None) -> OpCost:
     """SwiGLU experts over a packed [G, C, H] buffer (gate, up: H->I; down: I->H).
 
     flops = 3 GEMMs x 2*G*C*H*I = 6*G*C*H*I (elementwise SiLU/mul are O(G*C*I), ignored).
-    bytes = weights 3*G*H*I + activations in [G,C,H] and out [G,C,H], times dtype_bytes. The [G,C,I] intermediates
-    are assumed to stay on chip inside one graph (they are not streamed from memory).
+    bytes = weights 3*G*H*I x weight_bytes + activations in [G,C,H] and out [G,C,H] x dtype_bytes. The [G,C,I]
+    intermediates are assumed to stay on chip inside one graph (they are not streamed from memory).
+    gemm = (C, I, H): one expert's [C, H] x [H, I]. The G experts of a group share no operand, so the engine runs
+    G separate GEMMs of that shape (batched in one graph), not one G-times larger GEMM.
     """
-    g = _check_count("n_experts_in_graph", n_experts_in_graph)
-    c = _check_count("capacity", capacity)
-    h = _check_count("hidden", hidden)
-    i = _check_count("intermediate", intermediate)
-    db = _check_count("dtype_bytes", dtype_bytes)
+    g, c, h, i, db = _counts(n_experts_in_graph=n_experts_in_graph, capacity=capacity, hidden=hidden,
+                             intermediate=intermediate, dtype_bytes=dtype_bytes)
+    wb = _weight_size(weight_bytes, db)
     flops = 6.0 * g * c * h * i
-    nbytes = (3.0 * g * h * i + 2.0 * g * c * h) * db
-    return OpCost(name, flops, nbytes, calls)
+    nbytes = 3.0 * g * h * i * wb + 2.0 * g * c * h * db
+    return OpCost(name, flops, nbytes, calls, (c, i, h))
 
 
 def attention_cost(chunk: int, past: int, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int,
-                   dtype_bytes: int = 2, name: str = "attention") -> OpCost:
+                   dtype_bytes: int = 2, name: str = "attention", weight_bytes: int | None = None) -> OpCost:
     """One attention layer over a chunk of new tokens attending to past+chunk keys (GQA).
 
     A static-shape graph computes the full [chunk, past+chunk] score block (causal masking does not skip work),
     so scores and the weighted sum are counted in full. Softmax, RoPE and norms are ignored (O(chunk*keys)).
-    bytes = projection weights + x in/out + KV cache read (past+chunk keys) + KV write of the chunk.
+    bytes = projection weights (x weight_bytes) + x in/out + KV cache read (past+chunk keys) + KV write of the
+    chunk (x dtype_bytes). gemm = the Q projection [chunk, hidden] x [hidden, n_heads*head_dim], the largest single
+    GEMM (the per-head score GEMMs are head_dim deep).
     """
-    t = _check_count("chunk", chunk)
     p = _check_count("past", past, minimum=0)
-    h = _check_count("hidden", hidden)
-    nh = _check_count("n_heads", n_heads)
-    nkv = _check_count("n_kv_heads", n_kv_heads)
-    hd = _check_count("head_dim", head_dim)
-    db = _check_count("dtype_bytes", dtype_bytes)
+    t, h, nh, nkv, hd, db = _counts(chunk=chunk, hidden=hidden, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                                    head_dim=head_dim, dtype_bytes=dtype_bytes)
+    wb = _weight_size(weight_bytes, db)
     if nh % nkv:
         raise NpuMoeError(f"n_heads={nh} is not a multiple of n_kv_heads={nkv}; pass the model's GQA head counts")
     q_dim, kv_dim, keys = nh * hd, nkv * hd, p + t
     proj_weights = h * q_dim + 2 * h * kv_dim + q_dim * h
     flops = 2.0 * t * proj_weights + 2 * (2.0 * nh * t * keys * hd)
-    nbytes = (proj_weights + 2 * t * h + 2 * keys * kv_dim + 2 * t * kv_dim) * float(db)
-    return OpCost(name, flops, nbytes, 1)
+    nbytes = proj_weights * float(wb) + (2 * t * h + 2 * keys * kv_dim + 2 * t * kv_dim) * float(db)
+    return OpCost(name, flops, nbytes, 1, (t, q_dim, h))
 
 
 def dense_cost(rows: int, in_features: int, out_features: int, dtype_bytes: int = 2,
-               name: str = "dense") -> OpCost:
-    """y[rows, out] = x[rows, in] @ W[in, out] (router, shared experts, lm head)."""
-    r = _check_count("rows", rows)
-    k = _check_count("in_features", in_features)
-    n = _check_count("out_features", out_features)
-    db = _check_count("dtype_bytes", dtype_bytes)
-    return OpCost(name, 2.0 * r * k * n, (k * n + r * k + r * n) * float(db), 1)
+               name: str = "dense", weight_bytes: int | None = None) -> OpCost:
+    """y[rows, out] = x[rows, in] @ W[in, out] (router, shared experts, lm head); gemm = (rows, out, in)."""
+    r, k, n, db = _counts(rows=rows, in_features=in_features, out_features=out_features, dtype_bytes=dtype_bytes)
+    wb = _weight_size(weight_bytes, db)
+    return OpCost(name, 2.0 * r * k * n, k * n * float(wb) + (r * k + r * n) * float(db), 1, (r, n, k))
 
 
 def memory_cost(nbytes: float, name: str, calls: int = 1) -> OpCost:

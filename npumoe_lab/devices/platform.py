@@ -5,6 +5,9 @@ units, named by the key's suffix: `_s`, `_flops` = FLOP/s, `_bytes_s` = B/s, `_w
 `alternatives` (named values from other sources); an override may name one of them instead of a number.
 `kind: modeled` platforms (Apple chips) give time from the model; the `cpu` platform (this host) is `measured`:
 runs time it for real, and its model numbers come from the host profile (hostprofile.py), for residency's use.
+`throughput_curve` (optional, either role) is the measured GEMM rate by size: a list of [size, FLOP/s] points of
+square GEMMs. An op with a GEMM shape (OpCost.gemm = M, N, K) is rated at its effective size
+(M*N*K)**(1/3), interpolated log-log between points and clamped at the ends (`DeviceModel.gemm_rate`).
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ FIELDS = ("value", "unit", "source", "confidence", "note")
 CONFIDENCE = ("H", "M", "L")
 REQUIRED = {
     "npu": ("dispatch_s", "sync_s", "throughput_flops", "bandwidth_bytes_s", "graph_limit_bytes", "max_dim",
-            "active_power_w", "idle_power_w"),
+            "active_power_w", "idle_power_w", "weight_bytes", "host_cores"),
     "cpu": ("cores", "throughput_flops", "bandwidth_bytes_s", "op_overhead_s", "power_per_core_w",
             "idle_power_w", "freq_hz"),
 }
@@ -36,9 +39,22 @@ def _number(v) -> bool:
     return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
 
 
+def _curve(points, where: str) -> tuple[tuple[float, float], ...] | None:
+    """[[size, flops], ...] with sizes strictly increasing and rates > 0; [] or None = no curve (flat rate)."""
+    if points is None or (isinstance(points, (list, tuple)) and len(points) == 0):
+        return None
+    ok = isinstance(points, (list, tuple)) and all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and all(_number(x) and x > 0 for x in p) for p in points)
+    if not ok or any(b[0] <= a[0] for a, b in zip(points, points[1:])):
+        raise NpuMoeError(f"{where}: throughput_curve must be [[size, FLOP/s], ...] with positive numbers and "
+                          f"strictly increasing sizes, got {points!r}")
+    return tuple((float(a), float(b)) for a, b in points)
+
+
 @dataclass(frozen=True)
 class DeviceModel:
-    """One role of a platform. estimate() = calls*(dispatch+sync+op_overhead) + max(flops/throughput, bytes/bw)."""
+    """One role of a platform. estimate() = calls*(dispatch+sync+op_overhead) + max(flops/rate, bytes/bw), rate =
+    gemm_rate(op.gemm) when the role has a throughput_curve and the op a GEMM shape, else throughput_flops."""
     role: str
     kind: str
     throughput_flops: float
@@ -51,7 +67,10 @@ class DeviceModel:
     graph_limit_bytes: float | None = None
     max_dim: int | None = None
     freq_hz: float | None = None     # cpu: clock used to turn busy seconds into cycles
-    cores: int | None = None
+    cores: int | None = None         # cpu: cores one CPU op keeps busy (its power and cycles count them)
+    throughput_curve: tuple | None = None   # ((size, FLOP/s), ...) square-GEMM rates, sizes increasing
+    weight_bytes: int | None = None  # stored weight element size on this role (None: the activation size)
+    host_cores: float = 0.0          # npu: CPU cores busy per call through its dispatch + sync
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -61,10 +80,11 @@ class DeviceModel:
         for f in ("throughput_flops", "bandwidth_bytes_s"):
             if not _number(getattr(self, f)) or getattr(self, f) <= 0:
                 raise NpuMoeError(f"{self.role} {f} must be a positive number, got {getattr(self, f)!r}")
-        for f in ("active_power_w", "idle_power_w", "dispatch_s", "sync_s", "op_overhead_s"):
+        object.__setattr__(self, "throughput_curve", _curve(self.throughput_curve, f"{self.role} DeviceModel"))
+        for f in ("active_power_w", "idle_power_w", "dispatch_s", "sync_s", "op_overhead_s", "host_cores"):
             if not _number(getattr(self, f)) or getattr(self, f) < 0:
                 raise NpuMoeError(f"{self.role} {f} must be a number >= 0, got {getattr(self, f)!r}")
-        for f in ("graph_limit_bytes", "max_dim", "freq_hz", "cores"):
+        for f in ("graph_limit_bytes", "max_dim", "freq_hz", "cores", "weight_bytes"):
             v = getattr(self, f)
             if v is not None and (not _number(v) or v <= 0):
                 raise NpuMoeError(f"{self.role} {f} must be a positive number or None, got {v!r}")
@@ -73,10 +93,39 @@ class DeviceModel:
     def call_overhead_s(self) -> float:
         return self.dispatch_s + self.sync_s + self.op_overhead_s
 
+    def gemm_rate(self, gemm) -> float:
+        """FLOP/s of a GEMM of shape (M, N, K): the curve at the effective size (M*N*K)**(1/3), log-log between
+        points, clamped outside them; throughput_flops when there is no curve or no shape.
+
+        Why the geometric mean: the sources measure square GEMMs only, so a non-square one must be mapped to a
+        square one. The cube with the same MACs keeps the measured points exact for square shapes and rates a GEMM
+        by its work per dispatch; min(M, N, K) would rate a skinny expert GEMM ([C, H] x [H, I], C << H) like a
+        tiny cube even though its weight tiles are large. The bandwidth bound is the roofline's other term.
+        """
+        curve = self.throughput_curve
+        if curve is None or gemm is None:
+            return self.throughput_flops
+        m, n, k = gemm
+        size = (float(m) * n * k) ** (1.0 / 3.0)
+        if size <= curve[0][0]:
+            return curve[0][1]
+        if size >= curve[-1][0]:
+            return curve[-1][1]
+        for (s0, r0), (s1, r1) in zip(curve, curve[1:]):
+            if size <= s1:
+                t = math.log(size / s0) / math.log(s1 / s0)
+                return math.exp(math.log(r0) + t * (math.log(r1) - math.log(r0)))
+        raise AssertionError("unreachable: size within the curve's range")
+
     def estimate(self, op) -> float:
         """Modeled seconds for `op` (an OpCost): fixed cost per call plus the roofline bound."""
-        return op.calls * self.call_overhead_s + max(op.flops / self.throughput_flops,
-                                                     op.bytes / self.bandwidth_bytes_s)
+        rate = self.gemm_rate(getattr(op, "gemm", None))
+        return op.calls * self.call_overhead_s + max(op.flops / rate, op.bytes / self.bandwidth_bytes_s)
+
+    @property
+    def host_call_s(self) -> float:
+        """CPU core-seconds one NPU call costs the host (dispatch + sync on host_cores cores); 0 for a cpu role."""
+        return self.host_cores * (self.dispatch_s + self.sync_s)
 
     def fits_graph(self, weight_bytes: float, dims=()) -> bool:
         """Whether a static graph with these weights and tensor dims stays on this device (NPU limits)."""
@@ -152,6 +201,11 @@ def _validate(raw, path: Path) -> None:
                 raise NpuMoeError(f"{where}: confidence {entry['confidence']!r} must be one of {CONFIDENCE}")
             if "from_host_profile" in entry or "derived_from" in entry:
                 continue  # filled in at load time (host profile; cpu_active_power = cpu power_per_core_w x cores)
+            if key == "throughput_curve":
+                _curve(entry["value"], where)
+                for alt, v in entry.get("alternatives", {}).items():
+                    _curve(v, f"{where} alternative {alt!r}")
+                continue
             if not _number(entry["value"]) or entry["value"] < 0:
                 raise NpuMoeError(f"{where}: value {entry['value']!r} is not a number >= 0 (write floats as 5.4e+12)")
             for alt, v in entry.get("alternatives", {}).items():
@@ -166,6 +220,9 @@ def _apply_override(params: dict, knob: str, value) -> None:
         valid = [f"{r}_{k}" for r in ROLES for k in params[r]]
         raise NpuMoeError(f"unknown platform override {knob!r}; valid knobs: {', '.join(valid)}")
     alternatives = entry.get("alternatives", {})
+    if key == "throughput_curve" and not isinstance(value, str):
+        raise NpuMoeError(f"override {knob}={value!r}: a curve is set by naming one of its alternatives "
+                          f"({', '.join(alternatives) or 'none listed'}); for one flat rate set {role}_throughput_flops")
     if isinstance(value, str):
         if value not in alternatives:
             raise NpuMoeError(f"override {knob}={value!r} names no alternative; use a number or one of "
@@ -177,6 +234,11 @@ def _apply_override(params: dict, knob: str, value) -> None:
         raise NpuMoeError(f"override {knob}={value!r} must be a number >= 0 or an alternative name")
     entry["note"] = f"{label} of {entry['value']!r} ({entry['source']}); original note: {entry['note']}"
     entry.update(value=value, source=f"{label} (get_platform {knob}=...)", confidence="L")
+    curve = params[role].get("throughput_curve")
+    if key == "throughput_flops" and curve is not None and curve["value"]:
+        # a flat-rate override means that rate for every op (sensitivity runs: "ANE at 1.68 TF/s")
+        curve["note"] = f"set aside by the override {knob}={value!r}; original note: {curve['note']}"
+        curve.update(value=[], source=f"set aside by {label} of throughput_flops", confidence="L")
 
 
 def _fill_derived(params: dict) -> None:
@@ -193,11 +255,16 @@ def _fill_derived(params: dict) -> None:
 
 def _device(role: str, kind: str, p: dict) -> DeviceModel:
     v = {k: e["value"] for k, e in p.items()}
+    wb = v.get("weight_bytes")
     common = dict(role=role, kind=kind, throughput_flops=v["throughput_flops"],
-                  bandwidth_bytes_s=v["bandwidth_bytes_s"], idle_power_w=v["idle_power_w"])
+                  bandwidth_bytes_s=v["bandwidth_bytes_s"], idle_power_w=v["idle_power_w"],
+                  throughput_curve=v.get("throughput_curve"), weight_bytes=None if wb is None else int(wb))
+    if wb is not None and (wb != int(wb) or wb < 1):
+        raise NpuMoeError(f"{role}.weight_bytes must be a whole number of bytes >= 1 (2 = fp16, 1 = int8), got {wb!r}")
     if role == "npu":
         return DeviceModel(**common, active_power_w=v["active_power_w"], dispatch_s=v["dispatch_s"],
-                           sync_s=v["sync_s"], graph_limit_bytes=v["graph_limit_bytes"], max_dim=int(v["max_dim"]))
+                           sync_s=v["sync_s"], graph_limit_bytes=v["graph_limit_bytes"], max_dim=int(v["max_dim"]),
+                           host_cores=float(v["host_cores"]))
     cores = int(v["cores"])
     return DeviceModel(**common, active_power_w=v["power_per_core_w"] * cores, op_overhead_s=v["op_overhead_s"],
                        freq_hz=v["freq_hz"], cores=cores)
@@ -236,10 +303,13 @@ def format_platforms() -> str:
                      f"{c.bandwidth_bytes_s / 1e9:.1f}", f"{c.active_power_w:.1f}", f"{c.freq_hz / 1e9:.2f}"))
         sources.append(f"{name} ({p.kind}, hash {p.hash[:12]}): {p.description}")
         for role in ROLES:
-            for key in ("throughput_flops", "bandwidth_bytes_s", "dispatch_s", "power_per_core_w", "active_power_w"):
+            for key in ("throughput_flops", "throughput_curve", "bandwidth_bytes_s", "dispatch_s", "weight_bytes",
+                        "power_per_core_w", "active_power_w"):
                 e = p.params[role].get(key)
                 if e is not None:
-                    sources.append(f"  {role}.{key} = {e['value']:g} {e['unit']} [{e['confidence']}]: {e['source']}")
+                    v = e["value"]
+                    v = " ".join(f"{a:g}:{b:.3g}" for a, b in v) or "none" if isinstance(v, list) else f"{v:g}"
+                    sources.append(f"  {role}.{key} = {v} {e['unit']} [{e['confidence']}]: {e['source']}")
     widths = [max(len(str(r[i])) for r in (cols, *rows)) for i in range(len(cols))]
     line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip()
     return "\n".join([line(cols), line(["-" * w for w in widths]), *map(line, rows), "", "Sources:", *sources])

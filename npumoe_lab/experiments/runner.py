@@ -18,14 +18,14 @@ from ..devices.hostload import HostLoad, warn_if_busy
 from ..errors import NpuMoeError
 from ..stats import change_statement, paired_exact
 from ..utils import progress, provenance, with_torch_threads
+from ..knobs import PlanKnobs, add_knob_arguments, knobs_from_args
 from ..layout import ExecutionLayout
 from ..runtime import PrefillConfig, check_context, chunked_prefill, run_prefill
 from ..variants import ABLATION, PAPER_ABLATION_SPEEDUP, parse_variants
 from . import interleave
 
 MEASURED_REPEATS = 3   # default repeats of a measured platform (median and IQR need several); modeled: 1
-PLAN_KNOBS = ("tiers", "group_size", "hot_threshold", "saliency", "percentile", "align", "residency",
-              "renormalize")
+PLAN_KNOBS = PlanKnobs.names()      # every build_plan knob is a run knob (and a sweep key of the notebooks)
 
 
 def cache_dir() -> Path:
@@ -81,9 +81,7 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
     from ..timeline import to_frame
     from ..workloads import get_workload
     from ..workloads.scoring import evaluate_sample
-    unknown = set(plan_knobs) - set(PLAN_KNOBS)
-    if unknown:
-        raise NpuMoeError(f"unknown plan knob(s) {sorted(unknown)}; valid: {', '.join(PLAN_KNOBS)}")
+    PlanKnobs.check_names(plan_knobs)
     vlist = parse_variants(variants)
     plats = [get_platform(p.strip()) for p in (platforms.split(",") if isinstance(platforms, str) else platforms)]
     if (repeats is not None and repeats < 1) or n_samples < 1:
@@ -245,10 +243,7 @@ def register_cli(sub):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--calib-workload", default="mixed")
     p.add_argument("--calib-tokens", type=int, default=8192)
-    p.add_argument("--tiers", type=int, default=None)
-    p.add_argument("--group-size", type=int, default=None)
-    p.add_argument("--hot-threshold", type=float, default=None)
-    p.add_argument("--saliency", default=None)
+    add_knob_arguments(p, with_defaults=False)       # unset: the plan's / variant's own knobs
     p.add_argument("--timeline", action="store_true", help="also write the per-op timeline")
     p.add_argument("--npu-backend", default=None, choices=["torch", "onnxruntime", "coreml"],
                    help="what runs resident groups on a measured platform (default: torch in process)")
@@ -262,8 +257,7 @@ def register_cli(sub):
 
 
 def _cli_run(a: argparse.Namespace) -> int:
-    knobs = {k: getattr(a, k) for k in ("tiers", "group_size", "hot_threshold", "saliency")
-             if getattr(a, k) is not None}
+    knobs = knobs_from_args(a)
     df = run_experiment(model=a.model, workload=a.workload, variants=a.variant, platforms=a.platform,
                         prompt_len=a.prompt_len, chunk=a.chunk, plan=a.plan, repeats=a.repeats,
                         n_samples=a.samples, seed=a.seed, out=a.out, calib_workload=a.calib_workload,

@@ -23,7 +23,8 @@ def replay_prefill(geometry: ModelGeometry, executor: PlanExecutor | None, confi
                    prompt_len: int, also_on=()) -> list[PrefillResult]:
     """Timeline + summary of a prefill of `prompt_len` tokens whose chunk c routes as `routing[c]` ({layer:
     (top_k_index, top_k_weights, norms)}). `executor=None`: HF's own experts (the reference variant). `also_on`:
-    more configs (other modeled platforms, same plan) pricing the same op stream. One result per config."""
+    more configs (other modeled platforms, same plan and NPU weight size) pricing the same op stream. One result
+    per config."""
     if config.measured:
         raise NpuMoeError(f"platform {config.platform.name!r} is measured: a simulation has no numerics to time; "
                           "use a modeled platform (see `npumoe-lab platforms`)")
@@ -35,7 +36,8 @@ def replay_prefill(geometry: ModelGeometry, executor: PlanExecutor | None, confi
     for c in range(n_chunks):
         s = c * config.chunk
         ctx = ChunkContext(index=c, past=s, n_real=min(config.chunk, prompt_len - s), length=config.chunk,
-                           clock=clock, numerics=False, dtype_bytes=config.dtype_bytes)
+                           clock=clock, numerics=False, dtype_bytes=config.dtype_bytes,
+                           npu_weight_bytes=config.npu_weight_bytes)
         for layer in range(geometry.n_layers):
             clock.record(geometry.attention_op(layer, ctx, role), 0.0)
             spec = moe.get(layer)

@@ -17,9 +17,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..devices import get_platform
+from ..devices import Platform, get_platform
+from ..experiments.store import write_rows, write_timeline
 from ..engine import PlanExecutor
 from ..errors import NpuMoeError
+from ..knobs import PlanKnobs, add_knob_arguments, knobs_from_args
 from ..layout import ExecutionLayout
 from ..plan import variant_plan
 from ..runtime import PrefillConfig, check_context
@@ -31,8 +33,7 @@ from .replay import replay_prefill
 from .report import ratios
 from .routing import parse_routing
 
-WEIGHT_FORMATS = ("fp16",)      # bytes per weight element streamed by the modeled NPU: fp16 only until int8 lands
-PLAN_KNOBS = ("tiers", "group_size", "hot_threshold", "saliency", "percentile", "residency")
+WEIGHT_FORMATS = {"fp16": {}, "int8": {"npu_weight_bytes": "int8"}}   # -> platform override of the NPU's weights
 
 
 def _list(value, cast=str) -> list:
@@ -43,13 +44,13 @@ def _list(value, cast=str) -> list:
         raise NpuMoeError(f"{value!r} is not a comma list of {cast.__name__}s") from None
 
 
-def variant_executor(variant, specs, profile, platform_name: str, knobs: dict):
+def variant_executor(variant, specs, profile, platform, knobs: dict):
     """(executor or None for HF's experts, plan or None) of a variant, built exactly as `run` builds it."""
     if variant.experts == "hf":
         return None, None
     if variant.experts == "dynamic":
         return PlanExecutor(ExecutionLayout.dropless(specs), [], cold="dynamic"), None
-    plan = variant_plan(profile, variant.name, specs, platform=platform_name,
+    plan = variant_plan(profile, variant.name, specs, platform=platform,
                         **{k: v for k, v in knobs.items() if v is not None})
     return PlanExecutor(plan, [], spill=variant.spill), plan
 
@@ -58,8 +59,9 @@ def _by_layout(variant, specs, profile, plats, knobs) -> list:
     """[(executor, [(platform, plan), ...]), ...]: one executor per distinct layout of the variant's plans."""
     groups = {}
     for plat in plats:
-        executor, plan = variant_executor(variant, specs, profile, plat.name, knobs)
-        key = executor.layout.layers if executor is not None else None
+        executor, plan = variant_executor(variant, specs, profile, plat, knobs)
+        # one op stream for platforms with the same layout and the same stored NPU weight size (op bytes follow it)
+        key = (executor.layout.layers if executor is not None else None, getattr(plat.npu, "weight_bytes", None))
         groups.setdefault(key, (executor, []))[1].append((plat, plan))
     return list(groups.values())
 
@@ -77,24 +79,33 @@ def simulate(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="
              prompt_len=1024, chunk=512, weights: str = "fp16", seed: int = 0, out=None, timeline: bool = False,
              **plan_knobs) -> pd.DataFrame:
     """Simulate every combination; returns (and writes to `out`) one row per (geometry, platform, variant,
-    prompt length, chunk). Comma lists or lists for geometry, platforms, variants, prompt_len and chunk."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)      # thousands of tiny routing ops: a thread pool only adds hand-off cost
-    try:
-        return _simulate(geometry, routing, platforms, variants, prompt_len, chunk, weights, seed, out, timeline,
-                         plan_knobs)
-    finally:
-        torch.set_num_threads(threads)
+    prompt length, chunk). Comma lists or lists for geometry, platforms (names or Platform objects, e.g. with
+    overrides), variants, prompt_len and chunk."""
+    rows, frames = [], []
+    for row, res in iter_simulation(geometry, routing, platforms, variants, prompt_len, chunk, weights, seed,
+                                    **plan_knobs):
+        rows.append(row)
+        if timeline:
+            frames.append(to_frame(res.events).assign(variant=row["variant"], platform=row["platform"],
+                                                      model=row["model"], prompt_len=row["prompt_len"],
+                                                      chunk_size=row["chunk"], sample=0))
+    df = pd.DataFrame(rows)
+    if out is not None:
+        write_rows(df, out)
+        if frames:
+            write_timeline(pd.concat(frames, ignore_index=True), Path(out) / "timelines")
+    return df
 
 
-def _simulate(geometry, routing, platforms, variants, prompt_len, chunk, weights, seed, out, timeline, plan_knobs):
-    unknown = set(plan_knobs) - set(PLAN_KNOBS)
-    if unknown:
-        raise NpuMoeError(f"unknown plan knob(s) {sorted(unknown)}; valid: {', '.join(PLAN_KNOBS)}")
+def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=1024, chunk=512, weights="fp16",
+                    seed=0, **plan_knobs):
+    """(row, PrefillResult with its scheduled events) per combination; everything is checked before the first."""
+    PlanKnobs.check_names(plan_knobs)
     if weights not in WEIGHT_FORMATS:
-        raise NpuMoeError(f"--weights {weights!r}: use one of {WEIGHT_FORMATS}")
+        raise NpuMoeError(f"--weights {weights!r}: use one of {', '.join(WEIGHT_FORMATS)}")
     geos = [load_geometry(g) for g in _list(geometry)]
-    plats = [get_platform(p) for p in _list(platforms)]
+    plats = [p if isinstance(p, Platform) else get_platform(p, **WEIGHT_FORMATS[weights]) for p in
+             (platforms if isinstance(platforms, (list, tuple)) else _list(platforms))]
     for p in plats:
         if p.kind == "measured":
             raise NpuMoeError(f"platform {p.name!r} is measured on this host; a simulation has no numerics to "
@@ -107,34 +118,30 @@ def _simulate(geometry, routing, platforms, variants, prompt_len, chunk, weights
         check_context(geo.context, c, f"--chunk {c} for geometry {name}")
         check_context(geo.context, t, f"--prompt-len {t} for geometry {name}")
     sources = {name: parse_routing(routing, list(geo.moe), seed) for name, _, geo in geos}   # all checked first
-    rows, frames, prov = [], [], provenance()
+    prov = provenance()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)      # thousands of tiny routing ops: a thread pool only adds hand-off cost
     bar = progress(total=len(geos) * len(chunks) * len(prompts) * len(plats) * len(vlist), desc="simulate")
-    for name, _, geo in geos:
-        src, specs = sources[name], list(geo.moe)
-        for c in chunks:
-            profile = src.calibration_profile(specs, c, seed)
-            # per variant: platforms whose plans have the same layout share one op stream, priced on each
-            built = {v.name: _by_layout(v, specs, profile, plats, plan_knobs) for v in vlist}
-            for t in prompts:
-                routed = src.chunks(specs, t, c, seed)
-                for v in vlist:
-                    for executor, members in built[v.name]:
-                        configs = [PrefillConfig(p, c, attention=v.attention) for p, _ in members]
-                        results = replay_prefill(geo, executor, configs[0], routed, t, also_on=configs[1:])
-                        for (plat, plan), res in zip(members, results):
-                            rows.append(_row(name, src, v, plat, plan, t, c, weights, res.summary, prov, plan_knobs))
-                            if timeline:
-                                frames.append(to_frame(res.events).assign(variant=v.name, platform=plat.name,
-                                                                          model=name, prompt_len=t, chunk=c, sample=0))
-                            bar.update(1)
-    bar.close()
-    df = pd.DataFrame(rows)
-    if out is not None:
-        from ..experiments.store import write_rows, write_timeline
-        write_rows(df, out)
-        if frames:
-            write_timeline(pd.concat(frames, ignore_index=True), Path(out) / "timelines")
-    return df
+    try:
+        for name, _, geo in geos:
+            src, specs = sources[name], list(geo.moe)
+            for c in chunks:
+                profile = src.calibration_profile(specs, c, seed)
+                # per variant: platforms whose plans have the same layout share one op stream, priced on each
+                built = {v.name: _by_layout(v, specs, profile, plats, plan_knobs) for v in vlist}
+                for t in prompts:
+                    routed = src.chunks(specs, t, c, seed)
+                    for v in vlist:
+                        for executor, members in built[v.name]:
+                            configs = [PrefillConfig(p, c, attention=v.attention) for p, _ in members]
+                            results = replay_prefill(geo, executor, configs[0], routed, t, also_on=configs[1:])
+                            for (plat, plan), res in zip(members, results):
+                                bar.update(1)
+                                yield _row(name, src, v, plat, plan, t, c, weights, res.summary, prov,
+                                           plan_knobs), res
+    finally:
+        bar.close()
+        torch.set_num_threads(threads)
 
 
 def register_cli(sub) -> None:
@@ -148,20 +155,17 @@ def register_cli(sub) -> None:
     p.add_argument("--variant", default="all", help="comma list or 'all'")
     p.add_argument("--prompt-len", default="1024", help="comma list")
     p.add_argument("--chunk", default="512", help="comma list")
-    p.add_argument("--weights", default="fp16", choices=WEIGHT_FORMATS)
+    p.add_argument("--weights", default="fp16", choices=list(WEIGHT_FORMATS),
+                   help="NPU weight storage: fp16, or int8 dequantized on the NPU (half the bytes streamed)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tiers", type=int, default=None)
-    p.add_argument("--group-size", type=int, default=None)
-    p.add_argument("--hot-threshold", type=float, default=None)
-    p.add_argument("--percentile", type=float, default=None)
-    p.add_argument("--residency", default=None)
+    add_knob_arguments(p, with_defaults=False)       # unset: each variant's plan defaults
     p.add_argument("--timeline", action="store_true", help="also write the per-op timelines")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cli)
 
 
 def _cli(a: argparse.Namespace) -> int:
-    knobs = {k: getattr(a, k) for k in PLAN_KNOBS if getattr(a, k, None) is not None}
+    knobs = knobs_from_args(a)
     t0 = time.perf_counter()
     df = simulate(a.geometry, a.routing, a.platform, a.variant, a.prompt_len, a.chunk, a.weights, a.seed, a.out,
                   a.timeline, **knobs)

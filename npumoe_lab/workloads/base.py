@@ -33,8 +33,22 @@ class Workload:
     metric: str = "exact_match"
     chance: float = 0.0
 
+    min_prompt_len: int = 64
+
     def samples(self, tokenizer, prompt_len: int, n: int, seed: int = 0) -> list[Sample]:
-        raise NotImplementedError
+        """n samples of exactly `prompt_len` tokens, sample i drawn by `haystack_sample` with its own seed stream
+        from the held-out haystack (workloads that are not built on the haystack override this)."""
+        self.check_prompt_len(tokenizer, prompt_len, minimum=self.min_prompt_len)
+        hay = eval_haystack(tokenizer)
+        out = []
+        for i in range(n):
+            sample = self.haystack_sample(tokenizer, sample_rng(self.name, seed, i), hay, prompt_len, i)
+            assert len(sample.input_ids) == prompt_len, (len(sample.input_ids), prompt_len)
+            out.append(sample)
+        return out
+
+    def haystack_sample(self, tokenizer, rng, hay, prompt_len: int, i: int) -> Sample:
+        raise NotImplementedError(f"workload {self.name!r} defines neither samples() nor haystack_sample()")
 
     def score_generation(self, sample: Sample, generated_text: str) -> float:
         raise NpuMoeError(f"workload {self.name!r} is of kind {self.kind!r}; it has no generation score")

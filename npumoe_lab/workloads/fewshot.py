@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from .base import DOMAINS, Haystack, Sample, Workload, bos_id, encode, eval_haystack, sample_rng
+from .base import DOMAINS, Haystack, Sample, Workload, bos_id, encode
 
 LABELS = {"scripture": " scripture", "drama": " drama", "pydocs": " documentation", "code": " code"}
 CHOICES = tuple(LABELS[d] for d in DOMAINS)
@@ -46,17 +46,11 @@ class FewShotCls(Workload):
     metric = "accuracy"
     chance = 0.25
 
-    def samples(self, tokenizer, prompt_len: int, n: int, seed: int = 0) -> list[Sample]:
-        self.check_prompt_len(tokenizer, prompt_len, minimum=128)
-        hay = eval_haystack(tokenizer)
-        out = []
-        for i in range(n):
-            rng = sample_rng(self.name, seed, i)
-            ids, label, _, k = build_fewshot(tokenizer, rng, hay, prompt_len, query_domain=DOMAINS[i % 4])
-            assert len(ids) == prompt_len
-            out.append(Sample(ids, "choice", choices=CHOICES, label=label,
-                              meta={"domain": DOMAINS[label], "n_shots": k}))
-        return out
+    min_prompt_len = 128
+
+    def haystack_sample(self, tokenizer, rng, hay, prompt_len: int, i: int) -> Sample:
+        ids, label, _, k = build_fewshot(tokenizer, rng, hay, prompt_len, query_domain=DOMAINS[i % 4])
+        return Sample(ids, "choice", choices=CHOICES, label=label, meta={"domain": DOMAINS[label], "n_shots": k})
 
 
 def synthetic_text(rng: random.Random, n: int = 100) -> str:

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..errors import NpuMoeError
-from .base import Haystack, Sample, Workload, bos_id, encode, eval_haystack, sample_rng
+from .base import Haystack, Sample, Workload, bos_id, encode
 
 ADJECTIVES = ("lively", "quiet", "brave", "calm", "eager", "fancy", "gentle", "happy", "jolly", "kind", "proud",
               "silly", "witty", "zealous", "ancient", "bitter", "bright", "clever", "crimson", "dusty", "early",
@@ -166,22 +166,16 @@ class MultiKey(Workload):
     def __init__(self, n_needles: int = 4):
         self.n_needles = n_needles
 
-    def samples(self, tokenizer, prompt_len: int, n: int, seed: int = 0) -> list[Sample]:
-        self.check_prompt_len(tokenizer, prompt_len, minimum=256)
-        hay = eval_haystack(tokenizer)
-        out = []
-        for i in range(n):
-            rng = sample_rng(self.name, seed, i)
-            t = build_multikey(tokenizer, rng, hay, prompt_len, self.n_needles, n_queries=1,
-                               domain=hay.domains[i % len(hay.domains)])
-            q, _, ans = t.queries[-1]
-            ids = t.context + q
-            assert len(ids) == prompt_len, (len(ids), prompt_len)
-            key = t.meta["keys"][t.meta["asked"][-1]]
-            out.append(Sample(ids, "generate", answer=ans,
-                              meta={"domain": t.meta["domain"], "n_needles": self.n_needles, "key": key,
-                                    "needle_pos": t.meta["needle_pos"]}))
-        return out
+    min_prompt_len = 256
+
+    def haystack_sample(self, tokenizer, rng, hay, prompt_len: int, i: int) -> Sample:
+        t = build_multikey(tokenizer, rng, hay, prompt_len, self.n_needles, n_queries=1,
+                           domain=hay.domains[i % len(hay.domains)])
+        q, _, ans = t.queries[-1]
+        key = t.meta["keys"][t.meta["asked"][-1]]
+        return Sample(t.context + q, "generate", answer=ans,
+                      meta={"domain": t.meta["domain"], "n_needles": self.n_needles, "key": key,
+                            "needle_pos": t.meta["needle_pos"]})
 
     def score_generation(self, sample: Sample, generated_text: str) -> float:
         m = re.search(r"\d+", generated_text)
@@ -200,22 +194,16 @@ class VariableTracking(Workload):
     def __init__(self, n_vars: int = 3, n_chains: int = 2):
         self.n_vars, self.n_chains = n_vars, n_chains
 
-    def samples(self, tokenizer, prompt_len: int, n: int, seed: int = 0) -> list[Sample]:
-        self.check_prompt_len(tokenizer, prompt_len, minimum=256)
-        hay = eval_haystack(tokenizer)
-        out = []
-        for i in range(n):
-            rng = sample_rng(self.name, seed, i)
-            t = build_vt(tokenizer, rng, hay, prompt_len, self.n_vars, self.n_chains, n_queries=1,
-                         domain=hay.domains[i % len(hay.domains)])
-            q, _, ans = t.queries[-1]
-            ids = t.context + q
-            assert len(ids) == prompt_len, (len(ids), prompt_len)
-            c = t.meta["asked"][-1]
-            out.append(Sample(ids, "generate", answer=ans,
-                              meta={"domain": t.meta["domain"], "n_vars": self.n_vars, "n_chains": self.n_chains,
-                                    "value": t.meta["values"][c], "chains": t.meta["chains"]}))
-        return out
+    min_prompt_len = 256
+
+    def haystack_sample(self, tokenizer, rng, hay, prompt_len: int, i: int) -> Sample:
+        t = build_vt(tokenizer, rng, hay, prompt_len, self.n_vars, self.n_chains, n_queries=1,
+                     domain=hay.domains[i % len(hay.domains)])
+        q, _, ans = t.queries[-1]
+        c = t.meta["asked"][-1]
+        return Sample(t.context + q, "generate", answer=ans,
+                      meta={"domain": t.meta["domain"], "n_vars": self.n_vars, "n_chains": self.n_chains,
+                            "value": t.meta["values"][c], "chains": t.meta["chains"]})
 
     def recall(self, sample: Sample, generated_text: str) -> float:
         ref = set(sample.answer.split())

@@ -1,0 +1,54 @@
+"""Figures of the simulation layer: the sensitivity tornado and the paper-check comparison. Every value they draw
+is modeled (the platform cost model), and each figure says so."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import ScalarFormatter
+
+
+def tornado(res: pd.DataFrame, conclusion: str) -> Figure:
+    """One bar per parameter: the ratio range over its alternatives (log axis), the platform's value as a dot, the
+    flip line at 1 (left of it the conclusion no longer holds)."""
+    base = float(res.loc[res.case == "baseline", "ratio"].iloc[0])
+    g = res[res.case != "baseline"].groupby("knob").ratio.agg(["min", "max"])
+    g = g.assign(span=np.log(g["max"] / g["min"]).abs() + np.abs(np.log(g[["min", "max"]].div(base))).max(1))
+    g = g.sort_values("span")
+    fig = Figure(figsize=(7.5, 0.42 * len(g) + 1.6))
+    ax = fig.add_subplot()
+    y = np.arange(len(g))
+    lo, hi = np.minimum(g["min"], base), np.maximum(g["max"], base)
+    flips = [(a > 1) != (base > 1) or (b > 1) != (base > 1) for a, b in zip(g["min"], g["max"])]
+    ax.barh(y, hi - lo, left=lo, color=["tab:red" if f else "tab:blue" for f in flips], alpha=0.7)
+    ax.scatter(np.full(len(g), base), y, s=12, color="0.2", zorder=3)     # a knob with no effect still shows
+    ax.set_xlim(min(float(lo.min()), 1.0) / 1.15, max(float(hi.max()), 1.0) * 1.15)
+    ax.axvline(1.0, color="black", lw=1.2, ls="--", label="flip (ratio 1)")
+    ax.axvline(base, color="0.4", lw=1, label=f"platform's values ({base:.2f})")
+    ax.set_yticks(y, [k.replace("*", "all (low/high corner)") for k in g.index], fontsize=8)
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(ScalarFormatter())
+    ax.tick_params(axis="x", which="both", labelsize=7)
+    ax.set_xlabel("ratio (> 1: the conclusion holds) — modeled")
+    ax.set_title(f"{conclusion}\n(red: an alternative flips it; modeled, {res.geometry.iloc[0]} on "
+                 f"{res.platform.iloc[0]})", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.subplots_adjust(left=0.32, right=0.75)
+    return fig
+
+
+def paper_check_figure(table: pd.DataFrame) -> Figure:
+    """Modeled / paper per quantity (log axis; 1 = agreement), unfitted platform values."""
+    t = table.dropna(subset=["ratio"]).iloc[::-1]
+    fig = Figure(figsize=(8, 0.32 * len(t) + 1.4))
+    ax = fig.add_subplot()
+    y = np.arange(len(t))
+    ax.barh(y, t["ratio"], color=["tab:green" if 0.8 <= r <= 1.25 else "tab:orange" for r in t["ratio"]])
+    ax.axvline(1.0, color="black", lw=1)
+    ax.set_xscale("log")
+    ax.set_yticks(y, t["quantity"], fontsize=7)
+    ax.set_xlabel("modeled / paper (1 = agreement; green within 0.8-1.25x) — model values are modeled")
+    ax.set_title("NPUMoE paper numbers vs the workbench's device model (unfitted)", fontsize=9)
+    fig.subplots_adjust(left=0.45, right=0.97)
+    return fig

@@ -1,0 +1,67 @@
+"""The device model against the paper (issue 15): sensitivity cases and conclusions, paper-check quantities.
+References: hand-built result frames, the platform YAML's own alternatives, and plain `simulate` runs."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from npumoe_lab.devices import get_platform
+from npumoe_lab.sim.papercheck import markdown, paper_check
+from npumoe_lab.sim.run import simulate
+from npumoe_lab.sim.sensitivity import ABLATION_CONCLUSION, alternatives, cases, run_sensitivity, score
+
+SMALL = dict(geometry="phi-tiny-moe", prompt_len=512, chunk=256)
+
+
+def test_score_of_a_hand_built_case():
+    t = {"cpu-only": 4.0, "anemll": 3.0, "naive-npu": 8.0, "npumoe": 2.0, "npumoe-base": 10.0, "npumoe-t": 5.0,
+         "npumoe-tg": 4.0}
+    rows = pd.DataFrame({"variant": list(t), "ttft_s": list(t.values()), "energy_per_token_mj": 1.0,
+                         "cpu_cycles": [2.0 if v == "npumoe" else 1.0 for v in t]})
+    s = score(rows)
+    assert s["npumoe faster than cpu-only"] == 2.0 and s["npumoe faster than naive-npu"] == 4.0
+    assert s["npumoe fewer CPU cycles than cpu-only"] == 0.5                 # does not hold
+    assert s[ABLATION_CONCLUSION] == pytest.approx(min(10 / 5, 5 / 4, 4 / 2))
+
+
+def test_cases_cover_each_alternative_and_both_corners():
+    base = get_platform("m2-max")
+    alts = alternatives(base)
+    cs = cases("m2-max")
+    assert len(cs) == 1 + len(alts) + 2 and cs[0]["case"] == "baseline"
+    for c, (knob, label, value) in zip(cs[1:], alts):
+        role, _, key = knob.partition("_")
+        assert c["platform"].params[role][key]["value"] == value and c["case"] == f"{knob}={label}"
+    low = cs[-2]["platform"]
+    for knob, _, _ in alts:
+        role, _, key = knob.partition("_")
+        vals = [base.params[role][key]["value"]] + [v for k, _, v in alts if k == knob]
+        assert low.params[role][key]["value"] == min(vals)
+    assert all(base.params[r][k]["confidence"] != "H" for r, k in (kn.split("_", 1) for kn, _, _ in alts))
+
+
+def test_sensitivity_baseline_equals_a_plain_simulation_and_flips_are_consistent():
+    res = run_sensitivity(SMALL["geometry"], "m2-max", prompt_len=SMALL["prompt_len"], chunk=SMALL["chunk"])
+    plain = simulate(SMALL["geometry"], "synthetic:gini=0.6", "m2-max", "cpu-only,npumoe", SMALL["prompt_len"],
+                     SMALL["chunk"]).set_index("variant").ttft_s
+    base = res[(res.case == "baseline") & (res.conclusion == "npumoe faster than cpu-only")].ratio.iloc[0]
+    assert math.isclose(base, plain["cpu-only"] / plain["npumoe"], rel_tol=1e-12)
+    holds0 = res[res.case == "baseline"].set_index("conclusion").holds
+    assert (res.flips == (res.holds != res.conclusion.map(holds0))).all()
+    assert set(res.case) >= {"baseline", "low corner", "high corner"} and (res.timing_source == "modeled").all()
+
+
+def test_paper_check_quantities_follow_the_simulated_rows():
+    grid = dict(geometry="phi-tiny-moe", platforms="m2-max,m2-ultra", prompt_len="512", chunk="256,512")
+    table, sens, df = paper_check(sensitivity=False, grid=grid)
+    q = table.set_index("quantity")
+    t = df.pivot_table(index=["platform", "chunk"], columns="variant", values="ttft_s")
+    lowest = min((t[b] / t["npumoe"]).min() for b in ("cpu-only", "naive-npu", "anemll"))
+    assert q.at["headline latency vs baselines, lowest (x)", "modeled"] == pytest.approx(lowest)
+    assert q.at["headline latency vs baselines, lowest (x)", "paper"] == 1.32
+    assert np.allclose(q.ratio, q.modeled / q.paper, equal_nan=True)
+    npu = df[df.variant == "npumoe"]
+    assert q.at["npumoe padding, highest (%)", "modeled"] == pytest.approx(100 * npu.pad_rate.max())
+    text = markdown(table, sens, "synthetic:gini=0.6")
+    assert "| headline latency vs baselines, lowest (x) | 1.32 |" in text and "modeled" in text
