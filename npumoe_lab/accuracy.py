@@ -9,7 +9,6 @@ Decoding after prefill runs the normal path (NPUMoE applies to prefill only).
 """
 from __future__ import annotations
 
-import inspect
 import warnings
 
 import pandas as pd
@@ -17,6 +16,7 @@ import pandas as pd
 from .errors import NpuMoeError
 from .experiments.runner import calibration_profile, run_experiment
 from .models import load_model
+from .knobs import PlanKnobs
 from .plan import build_plan
 from .stats import change_statement
 
@@ -78,7 +78,7 @@ def accuracy_report(model="tiny", workloads=DEFAULT_WORKLOADS, variant="npumoe",
                             **plan_knobs)
         frames.append(_same_plan_row(df))
     table = pd.concat(frames, ignore_index=True)
-    table["percentile"] = plan_knobs.get("percentile", inspect.signature(build_plan).parameters["percentile"].default)
+    table["percentile"] = plan_knobs.get("percentile", PlanKnobs().percentile)   # the plan's, default or given
     if target_drop is not None:
         outside = table[(table.drop_rate < target_drop[0]) | (table.drop_rate > target_drop[1])]
         if len(outside):
