@@ -182,13 +182,21 @@ def inner_knob(st) -> str | None:
     """The configuration column that varies inside one facet besides the variant (e.g. n_tiers, percentile):
     drawn as marker shapes with their own legend entries, not as more colours."""
     cols = [c for c in config(st, hue=True) if c not in ("variant", *ROW_FACETS, *COL_FACETS)
-            and st[c].nunique(dropna=True) > 1]
+            and st[c].nunique(dropna=False) > 1]        # a knob left at its default (NaN) is a value too
     return cols[0] if cols else None
 
 
+DEFAULT = "default"
+
+
 def knob_markers(values) -> dict:
-    vals = sorted(set(v for v in values if pd.notna(v)), key=lambda v: (isinstance(v, str), v))
+    """value -> marker; a knob left unset (NaN) is the value DEFAULT."""
+    vals = sorted(set(v if pd.notna(v) else DEFAULT for v in values), key=lambda v: (isinstance(v, str), str(v)))
     return dict(zip(vals, MARKERS)) if len(vals) <= len(MARKERS) else {}
+
+
+def knob_rows(s, knob, val):
+    return s[s[knob].isna()] if val == DEFAULT else s[s[knob] == val]
 
 
 def variant_order(values) -> list[str]:
@@ -238,8 +246,8 @@ def finish(ax, title, source, width_chars: int = 70) -> None:
         ax.text(0.0, 1.01, text, transform=ax.transAxes, ha="left", va="bottom", fontsize=5, color="0.3",
                 gid=SOURCE_GID, linespacing=1.0)
         pad += 6.5 * (text.count("\n") + 1)
-    if title:
-        ax.set_title(title, fontsize=7, pad=pad)
+    if title:   # long facet names wrap instead of running into the next panel's title
+        ax.set_title("\n".join(textwrap.wrap(title, 48)) or title, fontsize=7, pad=pad)
 
 
 def hbars(ax, st, metric, title, source=None, xlabel=None, names=True):

@@ -108,6 +108,11 @@ def plot_residency(df: pd.DataFrame):
     return _sweep_lines(df, "hot_threshold", ("ttft_s", "energy_per_token_mj"), "residency")
 
 
+def shared_vmax(profiles) -> float | None:
+    """The largest load share over several profiles: the top of one colour scale for all their heatmaps."""
+    return max((float(np.nanmax(_load_share(p).to_numpy())) for p in profiles), default=None)
+
+
 def _load_share(profile) -> pd.DataFrame:
     counts = getattr(profile, "counts", profile)
     if isinstance(counts, (str, Path)):
@@ -191,7 +196,7 @@ def make_all_figures(results_dir, out_dir, log=print, dpi: int = 200) -> list[Pa
             continue
         if fig is not None:
             paths += save_figure(fig, out_dir, name, dpi)
-    top = max((float(np.nanmax(_load_share(p).to_numpy())) for p in profiles), default=None)
+    top = shared_vmax(profiles)
     for prof in profiles:   # one file each, all on one colour scale
         suffix = "" if len(profiles) == 1 else f"-{prof.name}"
         paths += save_figure(plot_popularity_heatmap(prof, vmax=top), out_dir, f"popularity{suffix}", dpi)
@@ -255,7 +260,7 @@ def _scatter(df, x, ys):
                 ax.errorbar(s["median_x"] * xs, s["median"] * ysc, yerr=yerr, xerr=xerr, fmt="-" if marks else "o-",
                             ms=3, lw=0.8, capsize=2, color=pk.color_of(v))
                 for val, m in marks.items():   # the knob's value as the marker shape
-                    k = s[s[knob] == val]
+                    k = pk.knob_rows(s, knob, val)
                     ax.scatter(k["median_x"] * xs, k["median"] * ysc, marker=m, s=14, color=pk.color_of(v), zorder=3)
                 variants.add(v)
             if marks:

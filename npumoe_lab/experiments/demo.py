@@ -156,13 +156,18 @@ def _archive_stale_sweep(sweep_dir: Path, fingerprint: str) -> None:
 
 
 def draw_figures(out: Path) -> list[Path]:
-    """Every figure of the demo: the whole output folder's (the sweep's rows + the calibration profiles ->
-    popularity heatmaps), each platform's baselines on its own too."""
+    """Every figure of the tiny model's sweep (+ each platform's baselines on its own) and one popularity heatmap
+    per calibration profile, all on one colour scale. The paper-scale rows get their own figures
+    (paper_scale_section): their facets would crowd these."""
     # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
-    from ..plots import make_all_figures, plot_baselines, save_figure
-    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
+    from ..plots import make_all_figures, plot_baselines, plot_popularity_heatmap, save_figure, shared_vmax
     from .store import load_results
-    figs = make_all_figures(out, out / "figures")
+    figs = make_all_figures(out / "sweep", out / "figures")
+    profiles = sorted(p.parent for p in (out / "profiles").glob("*/counts.parquet"))
+    top = shared_vmax(profiles)
+    for prof in profiles:
+        name = "popularity" if len(profiles) == 1 else f"popularity-{prof.name}"
+        figs += save_figure(plot_popularity_heatmap(prof, vmax=top), out / "figures", name)
     for plat, g in load_results(out / "sweep").groupby("platform"):
         figs += save_figure(plot_baselines(g), out / "figures", f"baselines-{plat}")
     return figs
