@@ -161,7 +161,7 @@ def draw_figures(out: Path) -> list[Path]:
     (paper_scale_section): their facets would crowd these."""
     # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
     from ..plots import make_all_figures, plot_baselines, plot_popularity_heatmap, save_figure, shared_vmax
-    from .store import load_results
+    from .store import load_results  # lazy, as above
     figs = make_all_figures(out / "sweep", out / "figures")
     profiles = sorted(p.parent for p in (out / "profiles").glob("*/counts.parquet"))
     top = shared_vmax(profiles)
