@@ -36,19 +36,17 @@ from pathlib import Path
 import pandas as pd
 
 from npumoe_lab.experiments import notebook_helpers as nb
-from npumoe_lab.plots import plot_popularity_heatmap
+from npumoe_lab.plots import plot_popularity_heatmaps
 
 m, tok = nb.load(model)
 profiles = nb.calibrate_workloads(m, tok, sources, chunk=chunk, tokens=calib_tokens, seed=seed)
 
 # %% [markdown]
-# ## Popularity heatmaps (load share per expert and layer), one per calibration source
+# ## Popularity heatmaps (load share per expert and layer), one panel per calibration source
+# All panels share one colour scale, so a colour means the same load share in every panel.
 
 # %%
-for name, profile in profiles.items():
-    fig = plot_popularity_heatmap(profile)
-    fig.suptitle(f"calibration: {name}", fontsize=8)
-    display(fig)  # noqa: F821 (IPython builtin)
+plot_popularity_heatmaps(profiles)
 
 # %% [markdown]
 # ## Skew: Gini of the experts' loads and the experts covering 50% / 80% of the assignments

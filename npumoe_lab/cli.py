@@ -7,6 +7,7 @@ import importlib
 import sys
 
 from .errors import NpuMoeError
+from .experiments.outdir import check_writable
 
 # module (relative to npumoe_lab) -> subcommands it provides (imported lazily so `--help` stays fast)
 SUBCOMMANDS = {
@@ -25,12 +26,35 @@ SUBCOMMANDS = {
 }
 
 
+# commands whose --out is a file (the others write into a folder)
+OUT_IS_FILE = {"plan"}
+
+
+# one line per command for the top-level --help, which must not import torch/pandas (it answers in < 1 s)
+SUMMARIES = {
+    "train-tiny": "train the bundled tiny MoE (time-budgeted, resumable)",
+    "calibrate": "count expert routing on a workload (calibration profile)",
+    "plan": "build a static capacity/group/residency plan from a calibration profile",
+    "run": "run variants on a workload and write result rows",
+    "platforms": "list the platforms with their sources (and describe this host)",
+    "sweep": "run a notebook over a parameter grid (papermill), resumably",
+    "figures": "make every paper figure the results allow (PDF + PNG)",
+    "convert": "build static NPU graphs (Core ML / ONNX) of a plan",
+}
+
+
 def build_parser(argv) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="npumoe-lab", description="NPUMoE research workbench")
+    parser = argparse.ArgumentParser(prog="npumoe-lab", description="NPUMoE research workbench",
+                                     epilog="`npumoe-lab COMMAND --help` describes a command's options")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = argv[0] if argv else None
+    if wanted in (None, "-h", "--help") or not any(wanted in c for c in SUBCOMMANDS.values()):
+        for commands in SUBCOMMANDS.values():     # names only: argparse lists (or rejects) them
+            for name in commands:
+                sub.add_parser(name, help=SUMMARIES.get(name, ""))
+        return parser
     for module, commands in SUBCOMMANDS.items():
-        if wanted in (None, "-h", "--help") or wanted in commands:
+        if wanted in commands:
             try:
                 mod = importlib.import_module(f"npumoe_lab.{module}")
             except ModuleNotFoundError as exc:  # a part not built yet: keep the others working
@@ -49,6 +73,8 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     try:
+        if getattr(args, "out", None):    # before any compute: a late PermissionError would lose the work
+            check_writable(args.out, is_file=args.command in OUT_IS_FILE)
         return int(args.func(args) or 0)
     except NpuMoeError as exc:
         print(f"npumoe-lab {args.command}: error: {exc}", file=sys.stderr)

@@ -1,6 +1,7 @@
 """Small shared helpers: progress bars, hashing, provenance of results."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -20,9 +21,44 @@ DATA_DIR = REPO_ROOT / "data"
 
 def progress(iterable=None, **kwargs):
     """tqdm progress bar; silenced with NPUMOE_NO_PROGRESS=1 (tests, CI logs)."""
-    kwargs.setdefault("disable", os.environ.get("NPUMOE_NO_PROGRESS") == "1")
+    kwargs.setdefault("disable", progress_off())
     kwargs.setdefault("dynamic_ncols", True)
     return tqdm(iterable, **kwargs)
+
+
+def progress_off() -> bool:
+    """NPUMOE_NO_PROGRESS=1 (tests, CI logs) or a sweep cell (NPUMOE_IN_SWEEP=1, set by the sweep for its kernels,
+    whose output lands in the executed notebooks where a bar is only noise)."""
+    return os.environ.get("NPUMOE_NO_PROGRESS") == "1" or os.environ.get("NPUMOE_IN_SWEEP") == "1"
+
+
+@contextlib.contextmanager
+def hf_progress():
+    """transformers' own bars (weight loading) follow progress_off(); the previous setting is restored."""
+    from transformers.utils import logging as hf_logging
+    was = hf_logging.is_progress_bar_enabled()
+    if progress_off():
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def env_set(**values):
+    """Environment variables set for the duration of the block (child processes started in it inherit them)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def with_torch_threads(fn):

@@ -50,7 +50,7 @@ def standin(tmp_path_factory):
 def test_dropless_variant_shows_no_change(standin, tmp_path, monkeypatch):
     monkeypatch.setenv("NPUMOE_CACHE", str(tmp_path / "cache"))
     df = accuracy_report(standin, workloads=("lm-heldout", "fewshot-cls"), variant="cpu-only", platform="cpu",
-                         prompt_len=512, chunk=256, n_samples=2)
+                         prompt_len=512, chunk=256, n_samples=2, repeats=1)
     assert list(df.workload) == ["lm-heldout", "fewshot-cls"]
     assert (df.drop_rate == 0).all() and (df.top1_agree == 1.0).all() and (df.kl < 1e-8).all()
     assert np.allclose(df.accuracy_delta, 0, atol=1e-6) and np.allclose(df.score, df.ref_score, atol=1e-6)
@@ -67,6 +67,9 @@ def test_pruning_plan_row_is_consistent(standin, tmp_path, monkeypatch):
     assert row.accuracy_delta == pytest.approx(row.score - row.ref_score)   # paired mean of per-sample deltas
     assert row.accuracy_ci_low <= row.accuracy_delta <= row.accuracy_ci_high
     assert row.kl > 0 and row.percentile == 30   # pruning moved the logits (random experts: by little)
+    # speed of the very plan whose accuracy the row reports (lm-heldout scores are NLLs: no exact 0/1 bound)
+    assert row.ttft_s > 0 and row.timing_source == "modeled" and isinstance(row.plan_hash, str)
+    assert "not 0/1" in row.statement
 
 
 def test_percentile_for_drop_rate_picks_the_highest_in_range(standin, tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
 """Package structure (issue 13): no import cycle between the parts of npumoe_lab, and no package-internal import
-hidden inside a function unless a comment says why (a heavy optional dependency, a command's lazy load).
+hidden inside a function unless a comment says why (a heavy optional dependency, a command's lazy load); one comment may head a block of such imports.
 
 The reference is the source itself, read with `ast`: every `import`/`from ... import` of an npumoe_lab module, at
 module level (the dependency graph) or inside a function (must carry a `#` comment on its line or the line above)."""
@@ -43,7 +43,10 @@ def _imports():
             else:
                 continue
             line = node.lineno
-            commented = "#" in src[line - 1] or (line >= 2 and src[line - 2].strip().startswith("#"))
+            above = line - 2                  # the comment may head a contiguous block of imports
+            while above >= 0 and src[above].strip().startswith(("from ", "import ")):
+                above -= 1
+            commented = "#" in src[line - 1] or (above >= 0 and src[above].strip().startswith("#"))
             for t in targets:
                 if t.startswith("npumoe_lab"):
                     out.append((mod, t, line, id(node) not in in_function, commented))

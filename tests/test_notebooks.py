@@ -19,6 +19,7 @@ papermill = pytest.importorskip("papermill")
 jupytext = pytest.importorskip("jupytext")
 
 from npumoe_lab.experiments.store import load_results  # noqa: E402
+from npumoe_lab.experiments.sweep import KERNEL_ARGS  # noqa: E402
 from npumoe_lab.experiments.sweep_spec import notebook_parameters  # noqa: E402
 from npumoe_lab.utils import REPO_ROOT  # noqa: E402
 
@@ -54,9 +55,27 @@ def execute(name: str, out: Path, **params) -> nbformat.NotebookNode:
     _bundled_model_or_skip()
     out.mkdir(parents=True, exist_ok=True)
     executed = out / f"{name}.executed.ipynb"
-    papermill.execute_notebook(str(NB_DIR / f"{name}.ipynb"), str(executed), parameters=params,
-                               kernel_name="python3", cwd=str(NB_DIR), progress_bar=False)
-    return nbformat.read(executed, as_version=4)
+    audit = out / f"{name}.figure-audit.jsonl"      # every figure the kernel builds is audited (figcheck)
+    os.environ["NPUMOE_FIGURE_AUDIT"] = str(audit)
+    try:
+        papermill.execute_notebook(str(NB_DIR / f"{name}.ipynb"), str(executed), parameters=params,
+                                   kernel_name="python3", cwd=str(NB_DIR), progress_bar=False,
+                                   extra_arguments=KERNEL_ARGS)
+    finally:
+        del os.environ["NPUMOE_FIGURE_AUDIT"]
+    nb = nbformat.read(executed, as_version=4)
+    records = [json.loads(line) for line in audit.read_text().splitlines()] if audit.exists() else []
+    assert len(records) >= bool(images(nb)), "figures drawn outside npumoe_lab.plots escape the audit"
+    assert [r for r in records if r["problems"]] == [], "illegible figure(s)"
+    assert noise(nb) == [], "the notebook printed warnings the user did not cause"
+    return nb
+
+
+def noise(nb) -> list[str]:
+    """stderr lines with a warning, except the host-load warning (real information about the measurement)."""
+    lines = [line for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+             if o.get("output_type") == "stream" and o.get("name") == "stderr" for line in o["text"].splitlines()]
+    return [x for x in lines if "warn" in x.lower() and "HostBusyWarning" not in x and "host_busy" not in x]
 
 
 def images(nb) -> list[bytes]:
@@ -128,7 +147,7 @@ def test_01_calibration(kernel_env, tmp_path):
     assert (skew.experts_50 <= skew.experts_80).all()
     stab = pd.read_csv(out / "hot_set_stability.csv")
     assert set(zip(stab.a, stab.b)) == {("mixed", "code")} and stab.jaccard_top4.between(0, 1).all()
-    assert len(images(nb)) == 2   # one heatmap per calibration source
+    assert len(images(nb)) == 1   # one heatmap panel per calibration source, on one colour scale
 
 
 @pytest.mark.slow
@@ -256,8 +275,14 @@ def test_summary_markdown_ablation_ratios():
             for p, src, scale in (("cpu", "measured", 100.0), ("m2-max", "modeled", 1.0))
             for v, t in (("reference", 0.5), ("npumoe-base", 2.0), ("npumoe-t", 1.0), ("npumoe", 0.5))
             for t in [t * scale]]
-    md = summary_markdown(pd.DataFrame(rows), {"model": "`tiny`"})
-    assert "| m2-max | modeled | 1.00x (paper 1.00x) | 2.00x (paper 1.48x) | - | 4.00x (paper 2.89x) |" in md
+    matched = [dict(r, percentile=100.0, drop_rate=0.0, ttft_s=r["ttft_s"] * (2 if r["variant"] == "npumoe-t" else 1))
+               for r in rows if r["platform"] == "m2-max" and r["variant"] != "reference"]
+    md = summary_markdown(pd.DataFrame(rows + matched), {"model": "`tiny`"})
+    assert ("| m2-max | modeled | 1.00x at 1.0% drop (paper 1.00x) | 2.00x at 1.0% drop (paper 1.48x) | - | "
+            "4.00x at 1.0% drop (paper 2.89x) |") in md
+    assert "matched drop rate (each calibrated on the workload's own text, capacities at load percentile 100)" in md
+    assert ("| m2-max | modeled | 1.00x at 0.0% drop (paper 1.00x) | 1.00x at 0.0% drop (paper 1.48x) | - | "
+            "4.00x at 0.0% drop (paper 2.89x) |") in md
     assert "| cpu | measured |" in md and "| npumoe | m2-max | modeled | 0.5 |" in md
 
 

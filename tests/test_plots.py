@@ -7,6 +7,7 @@ import pytest
 from matplotlib.container import ErrorbarContainer
 
 from npumoe_lab import cli, plots
+from npumoe_lab import plot_helpers as pk
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.experiments.store import load_results, write_rows
 
@@ -59,7 +60,7 @@ def results(tmp_path_factory):
 
 def _check_labels(fig):
     """Every axis showing time or energy carries the measured/modeled text of the rows it draws."""
-    timed = [ax for ax in fig.axes if any(k in ax.get_ylabel() for k in TIMED_LABELS)]
+    timed = [ax for ax in fig.axes if any(k in ax.get_ylabel() + ax.get_xlabel() for k in TIMED_LABELS)]
     assert timed
     for ax in timed:
         texts = [t.get_text() for t in ax.texts if t.get_gid() == plots.SOURCE_GID]
@@ -76,18 +77,51 @@ def test_baselines_figure_order_labels_errorbars_and_files(results, tmp_path):
     df = load_results(results / "baselines")
     fig = plots.plot_baselines(df)
     timed = _check_labels(fig)
-    assert len(timed) == 3 and [ax.get_ylabel() for ax in timed] == [
+    # measured host rows and modeled m4-ane rows never share an axis: one row of three panels each
+    assert len(timed) == 6 and [ax.get_xlabel() for ax in timed[:3]] == [
         "TTFT (s)", "energy per token (mJ/token)", "CPU cycles (10⁹ cycles)"]
-    label = [t.get_text() for t in timed[0].texts if t.get_gid() == plots.SOURCE_GID][0]
-    assert label == f"measured (host {HOST}); modeled (platform m4-ane)"
-    assert [t.get_text() for t in timed[0].get_xticklabels()] == list(plots.VARIANT_ORDER)
+    labels = [[t.get_text().replace("\n", " ") for t in ax.texts if t.get_gid() == plots.SOURCE_GID][0]
+              for ax in timed]   # wrapped to the panel width
+    assert set(labels[:3]) == {"modeled (platform m4-ane)"}
+    assert labels[3:] == [f"measured (host {HOST})", f"measured (host {HOST}) energy",  # RAPL in this fixture
+                          f"measured (host {HOST}) CPU time × modeled clock (platform ?)"]
+    assert [ax.get_title() for ax in (timed[0], timed[3])] == ["m4-ane", "host"]
+    assert [t.get_text() for t in timed[0].get_yticklabels()] == list(plots.VARIANT_ORDER[2:])
+    assert [t.get_text() for t in timed[1].get_yticklabels()] == [""] * 7    # named once per row
     assert all(_has_errorbars(ax) for ax in timed)
-    assert timed[0].get_legend() is None  # energy_source follows the variant: nothing to tell apart
-    heights = [p.get_height() for p in timed[0].patches]
-    assert heights == pytest.approx([4.0, 3.0, 6.0, 2.5, 2.0, 2.0 / 1.5, 1.0, 0.5, 0.6])  # medians (repeat 1)
+    assert not fig.legends and all(ax.get_legend() is None for ax in fig.axes)   # colour = variant, named on y
+    widths = [p.get_width() for p in timed[3].patches] + [p.get_width() for p in timed[0].patches]
+    assert widths == pytest.approx([4.0, 3.0, 6.0, 2.5, 2.0, 2.0 / 1.5, 1.0, 0.5, 0.6])  # medians (repeat 1)
     pdf, png = plots.save_figure(fig, tmp_path, "baselines")
     assert pdf.read_bytes()[:4] == b"%PDF" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.stat().st_size > 10_000
+
+
+def test_measured_cpu_rows_label_energy_and_cycles_as_partly_modeled():
+    rows = pd.DataFrame([dict(variant="npumoe", platform="cpu", timing_source="measured", energy_source="modeled",
+                              host="h1")])
+    assert pk.metric_source(rows, "ttft_s") == "measured (host h1)"
+    assert pk.metric_source(rows, "energy_per_token_mj") == "measured (host h1) time × modeled power (platform cpu)"
+    assert pk.metric_source(rows, "cpu_cycles") == "measured (host h1) CPU time × modeled clock (platform cpu)"
+
+
+def test_error_bars_are_the_iqr_of_repeats():
+    t = [1.0, 2.0, 4.0, 8.0, 9.0]
+    df = pd.DataFrame([_base("npumoe", r, ttft_s=x) for r, x in enumerate(t)])
+    st = pk.stats(df, "ttft_s").iloc[0]
+    assert (st["median"], st["lo"], st["hi"]) == (np.median(t), np.percentile(t, 25), np.percentile(t, 75))
+
+
+def test_log_axes_where_values_span_decades():
+    from matplotlib.figure import Figure
+    ax = Figure().subplots()
+    pk.auto_scale(ax, [0.01, 0.5, 2.0], "y")
+    assert ax.get_yscale() == "log"
+    pk.auto_scale(ax, [0.0, 16.0, 256.0, 1e9], "x")      # notebook 04's thresholds: zero included
+    assert ax.get_xscale() == "symlog"
+    ax2 = Figure().subplots()
+    pk.auto_scale(ax2, [1.0, 2.0, 8.0], "y")
+    assert ax2.get_yscale() == "linear"
 
 
 def test_ablation_speedups_against_paper_markers(results):
@@ -95,9 +129,9 @@ def test_ablation_speedups_against_paper_markers(results):
     [ax] = fig.axes
     assert [t.get_gid() for t in ax.texts] == [plots.SOURCE_GID]  # speedups are time: labelled too
     assert ax.texts[0].get_text() == "modeled (platform m4-ane)"
-    assert [p.get_height() for p in ax.patches] == pytest.approx([1.0, 1.5, 2.0, 4.0])
-    markers = [c for c in ax.collections if c.get_label() == "paper (NPUMoE §5.8)"]
-    assert markers[0].get_offsets()[:, 1].tolist() == pytest.approx([1.00, 1.48, 2.11, 2.89])
+    assert [p.get_width() for p in ax.patches] == pytest.approx([1.0, 1.5, 2.0, 4.0])
+    assert ax.collections[-1].get_offsets()[:, 0].tolist() == pytest.approx([1.00, 1.48, 2.11, 2.89])
+    assert "black ticks: paper" in ax.get_xlabel()
     assert _has_errorbars(ax)
 
 
@@ -115,13 +149,15 @@ def test_sweep_figures_have_units_labels_and_errorbars(results):
     tiers = plots.plot_tiers(df)
     [ax] = tiers.axes
     assert ax.get_xlabel() == "dropped assignments (%)" and ax.get_ylabel() == "padding (% of NPU slots)"
-    assert _has_errorbars(ax) and {t.get_text() for t in ax.get_legend().get_texts()} >= {"n_tiers=1", "n_tiers=3"}
+    assert _has_errorbars(ax)
+    assert {t.get_text() for t in tiers.legends[0].get_texts()} >= {"n_tiers = 1", "n_tiers = 3"}
 
     acc = plots.plot_accuracy(df)
     [ax] = acc.axes
+    assert ax.get_ylabel().startswith("accuracy delta vs reference (points)")
     [bars] = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
-    ylo, yhi = bars.lines[2][1].get_segments()[1][:, 1]  # the stored CI of the drop_rate=0.1 point
-    assert (ylo, yhi) == pytest.approx((-0.02, 0.0))
+    ylo, yhi = bars.lines[2][1].get_segments()[1][:, 1]  # the stored CI of the drop_rate=0.1 point, in points
+    assert (ylo, yhi) == pytest.approx((-2.0, 0.0))
 
 
 def test_popularity_heatmap_shares_sum_to_100_per_layer(results):
@@ -129,6 +165,14 @@ def test_popularity_heatmap_shares_sum_to_100_per_layer(results):
     data = fig.axes[0].images[0].get_array()
     assert data.shape == (8, 4) and np.allclose(data.sum(axis=0), 100.0)
     assert data[7, 0] == pytest.approx(100 * 8 / 36)
+
+
+def test_compared_heatmaps_share_one_colour_scale(results):
+    counts = pd.read_parquet(results / "calib" / "counts.parquet")
+    flat = counts.assign(count=1)
+    fig = plots.plot_popularity_heatmaps({"skewed": counts, "flat": flat})
+    clims = [ax.images[0].get_clim() for ax in fig.axes if ax.images]
+    assert len(clims) == 2 and clims[0] == clims[1] == (0.0, pytest.approx(100 * 8 / 36))
 
 
 def test_make_all_figures_and_cli_skip_what_is_missing(results, tmp_path, capsys):

@@ -34,7 +34,7 @@ def test_every_variant_end_to_end(standin, tmp_path, monkeypatch):
         for chunk in (256, 512):
             frames.append(run_experiment(model=str(standin), workload="lm-heldout", variants="all",
                                          platforms="cpu,m2-max", prompt_len=prompt_len, chunk=chunk, n_samples=1,
-                                         calib_tokens=2048, out=tmp_path / "rows", warmup=0))
+                                         calib_tokens=2048, out=tmp_path / "rows", warmup=0, repeats=1))
     df = pd.concat(frames)
     assert set(df.variant) == set(VARIANTS) and set(df.platform) == {"cpu", "m2-max"}
     assert len(df) == len(VARIANTS) * 2 * 4

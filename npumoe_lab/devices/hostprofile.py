@@ -2,7 +2,7 @@
 
 Runs on the `cpu` platform are timed for real (measured.py); this profile only feeds `DeviceModel.estimate` there.
 Measured once per (CPU model, core count, torch version, torch threads) and cached as YAML under
-$NPUMOE_CACHE_DIR (default ~/.cache/npumoe-lab). Until measured, defaults from ENVIRONMENT.md apply and every
+$NPUMOE_CACHE_DIR (default ~/.cache/npumoe-lab). Until measured, defaults from docs/sources/ENVIRONMENT.md apply and every
 filled parameter says so in its source.
 """
 from __future__ import annotations
@@ -18,19 +18,20 @@ import yaml
 from ..errors import NpuMoeError
 from ..utils import host_description, sha256_json
 
-# ENVIRONMENT.md §4 and its Qwen3-geometry addendum, measured on the project's build machine (2 vCPU Intel Xeon
+# docs/sources/ENVIRONMENT.md §4 and its Qwen3-geometry addendum, measured on the project's build machine (2 vCPU Intel Xeon
 # with AMX, torch 2.13, 2 threads). Another host (even another VM of the same project) may differ: measure it.
 DEFAULTS = {
-    "gemm_bf16_flops": 2.2e12,     # dense bf16 GEMM [4096x2048]x[2048x3072] (AMX), ENVIRONMENT.md addendum
-    "gemm_fp32_flops": 2.16e11,    # fp32 bmm on pre-packed [64,256,1024], ENVIRONMENT.md §4 table
-    "mem_read_bytes_s": 2.1e10,    # sum over 512 MB, ENVIRONMENT.md addendum
-    "op_overhead_s": 2.4e-6,       # torch.add on tiny tensors, ENVIRONMENT.md §4
-    "module_call_s": 3.65e-6,      # nn.Module call on tiny tensors, ENVIRONMENT.md §4
+    "gemm_bf16_flops": 2.2e12,     # dense bf16 GEMM [4096x2048]x[2048x3072] (AMX), docs/sources/ENVIRONMENT.md addendum
+    "gemm_fp32_flops": 2.16e11,    # fp32 bmm on pre-packed [64,256,1024], docs/sources/ENVIRONMENT.md §4 table
+    "mem_read_bytes_s": 2.1e10,    # sum over 512 MB, docs/sources/ENVIRONMENT.md addendum
+    "op_overhead_s": 2.4e-6,       # torch.add on tiny tensors, docs/sources/ENVIRONMENT.md §4
+    "module_call_s": 3.65e-6,      # nn.Module call on tiny tensors, docs/sources/ENVIRONMENT.md §4
     "threads": 2,
-    "freq_hz": 2.6e9,              # psutil.cpu_freq().current = 2600 MHz, ENVIRONMENT.md §5
+    "freq_hz": 2.6e9,              # psutil.cpu_freq().current = 2600 MHz, docs/sources/ENVIRONMENT.md §5
 }
-DEFAULT_SOURCE = ("default from ENVIRONMENT.md §4-5 (build machine, 2 vCPU Xeon with AMX); NOT measured on this "
-                  "host - run npumoe_lab.devices.hostprofile.measure_host_profile()")
+DEFAULT_SOURCE = ("default from docs/sources/ENVIRONMENT.md §4-5 (measured on another machine of the project, an "
+                  "Intel Xeon with AMX); NOT measured on this host - run "
+                  "npumoe_lab.devices.hostprofile.measure_host_profile()")
 
 
 def cache_dir() -> Path:
@@ -119,7 +120,7 @@ def measure_host_profile(seconds: float = 2.0, save: bool = True, gemm_n: int = 
 
 
 def load_host_profile(measure_if_missing: bool = False) -> dict:
-    """The cached profile of this host, else (measure_if_missing) a fresh one, else ENVIRONMENT.md defaults."""
+    """The cached profile of this host, else (measure_if_missing) a fresh one, else docs/sources/ENVIRONMENT.md defaults."""
     path = profile_path()
     if path.is_file():
         prof = yaml.safe_load(path.read_text())

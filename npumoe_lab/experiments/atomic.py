@@ -8,8 +8,20 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
+
+
+_UMASK_LOCK = threading.Lock()
+
+
+def umask() -> int:
+    """The process umask (reading it means setting it: briefly, under a lock)."""
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
 
 
 def is_temp(path: Path) -> bool:
@@ -23,6 +35,7 @@ def atomic_open(path, mode: str = "wb"):
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~umask())   # mkstemp makes 0600; the result should follow the umask like open()
         with os.fdopen(fd, mode) as fh:
             yield fh
             fh.flush()

@@ -17,7 +17,10 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import NpuMoeError
+from ..plot_helpers import default_knobs
+from ..stats import change_statement
 from ..utils import REPO_ROOT
+from .outdir import check_writable
 
 DEMO_SWEEP = REPO_ROOT / "sweeps" / "demo.yaml"
 FIGURE_NOTES = {
@@ -44,6 +47,7 @@ def kernel_env() -> None:
 
 def summary_markdown(df: pd.DataFrame, sources: dict) -> str:
     """SUMMARY.md: variant x platform table (medians over cells/repeats) + ablation ratios next to the paper's."""
+    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
     from ..variants import ABLATION, PAPER_ABLATION_SPEEDUP, VARIANTS
     lines = ["# npumoe-lab demo: summary", ""]
     lines += [f"- {k}: {v}" for k, v in sources.items()]
@@ -51,6 +55,14 @@ def summary_markdown(df: pd.DataFrame, sources: dict) -> str:
               "(the device cost model of `npumoe_lab/devices/platforms/<name>.yaml`, with its sourced parameters; "
               "`npumoe-lab platforms` lists them). Numerics (drop rate, score) are real in both: the model runs on "
               "this CPU.", ""]
+    if "host_busy" in df.columns and df["host_busy"].fillna(False).astype(bool).any():
+        busy = df[df["host_busy"].fillna(False).astype(bool)]
+        lines += [f"**Measured rows were taken on a busy host** ({len(busy)} of "
+                  f"{int((df.get('platform_kind') == 'measured').sum()) or len(busy)} measured rows flagged "
+                  f"`host_busy`; e.g. {busy['host_busy_reason'].iloc[0]}): their times are not what a quiet "
+                  "machine gives. Modeled rows are unaffected.", ""]
+    knob = df["percentile"].notna() if "percentile" in df.columns else pd.Series(False, index=df.index)
+    matched, df = df[knob], default_knobs(df[~knob]) if (~knob).any() else df
     for (p, c), g in df.groupby(["prompt_len", "chunk"]):
         lines += [f"## prompt {p} tokens, chunk {c} (median of {int(g.groupby(['variant', 'platform']).size().max())}"
                   f" row(s) per cell)", "",
@@ -64,33 +76,71 @@ def summary_markdown(df: pd.DataFrame, sources: dict) -> str:
             lines.append(f"| {r.variant} | {r.platform} | {r.timing_source} | {r.ttft_s:.4g} | "
                          f"{r.energy_per_token_mj:.4g} | {r.cpu_cycles:.3g} | {r.n_npu_calls:.0f} | "
                          f"{r.drop_rate:.1%} | {r.score:.3f} |")
-        lines += ["", "Ablation: TTFT speedup over npumoe-base (paper, PAPER.md 5.5: "
-                  + " / ".join(f"{PAPER_ABLATION_SPEEDUP[v]:.2f}" for v in ABLATION) + ")", "",
-                  "| platform | timing | " + " | ".join(ABLATION) + " |", "|---|---|" + "---:|" * len(ABLATION)]
-        for plat, pg in agg.groupby("platform", sort=False):
-            t = pg.set_index("variant").ttft_s
-            if "npumoe-base" not in t:
-                continue
-            cells = [f"{t['npumoe-base'] / t[v]:.2f}x (paper {PAPER_ABLATION_SPEEDUP[v]:.2f}x)" if v in t else "-"
-                     for v in ABLATION]
-            lines.append(f"| {plat} | {pg.timing_source.iloc[0]} | " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += ["", "Ablation: TTFT speedup over npumoe-base at each step's own drop rate (paper, PAPER.md 5.5: "
+                  + " / ".join(f"{PAPER_ABLATION_SPEEDUP[v]:.2f}" for v in ABLATION) + ")", ""]
+        lines += _ablation_table(agg)
+        mg = matched[(matched.prompt_len == p) & (matched.chunk == c)] if len(matched) else matched
+        if len(mg):
+            pct = ", ".join(f"{x:g}" for x in sorted(mg["percentile"].unique()))
+            lines += ["", f"The same steps at a matched drop rate (each calibrated on the workload's own text, "
+                      f"capacities at load percentile {pct}):", ""]
+            lines += _ablation_table(mg.groupby(["platform", "variant"], sort=False).agg(
+                ttft_s=("ttft_s", "median"), drop_rate=("drop_rate", "median"),
+                timing_source=("timing_source", "first")).reset_index())
+        lines += ["", *_accuracy_lines(g), ""]
     return "\n".join(lines)
 
 
+def _ablation_table(agg: pd.DataFrame) -> list[str]:
+    """Speedups over npumoe-base, each with the drop rate of its step (a speedup bought with drops is another
+    accuracy point)."""
+    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
+    from ..variants import ABLATION, PAPER_ABLATION_SPEEDUP
+    lines = ["| platform | timing | " + " | ".join(ABLATION) + " |", "|---|---|" + "---:|" * len(ABLATION)]
+    for plat, pg in agg.groupby("platform", sort=False):
+        t, d = pg.set_index("variant").ttft_s, pg.set_index("variant").drop_rate
+        if "npumoe-base" not in t:
+            continue
+        cells = [f"{t['npumoe-base'] / t[v]:.2f}x at {d[v]:.1%} drop (paper {PAPER_ABLATION_SPEEDUP[v]:.2f}x)"
+                 if v in t else "-" for v in ABLATION]
+        lines.append(f"| {plat} | {pg.timing_source.iloc[0]} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _accuracy_lines(g: pd.DataFrame) -> list[str]:
+    """Exact bounds of each variant's accuracy change (discordant pairs), with top-1 agreement and KL, which
+    still move when the task score saturates."""
+    if "accuracy_lost" not in g.columns:
+        return []
+    out = ["Accuracy vs reference (same samples; exact 95% bounds from the discordant pairs):", ""]
+    for r in g[g.variant != "reference"].drop_duplicates(["variant", "platform"]).itertuples():
+        out.append(f"- {r.variant} @ {r.platform}: " + change_statement(
+            r.accuracy_lost, r.accuracy_gained, r.n_samples, r.accuracy_loss_bound, r.accuracy_exact_low,
+            r.accuracy_exact_high) + f"; top-1 agreement {r.top1_agree:.3f}, KL {r.kl:.3g}")
+    return out
+
+
 def _plan_check(df: pd.DataFrame, saved: dict) -> str:
-    used = set(df["plan_hash"].dropna()) - {"None", "nan"} if "plan_hash" in df else set()
-    missing = used - set(saved)
-    if not used:
+    """Are the plans the sweep ran (default rows) the saved ones? The matched-drop-rate rerun (rows with a
+    percentile) is calibrated on the workload itself, so its plans are counted apart."""
+    if "plan_hash" not in df:
         return "none recorded"
+    rerun = df["percentile"].notna() if "percentile" in df else pd.Series(False, index=df.index)
+    used = set(df.loc[~rerun, "plan_hash"].dropna()) - {"None", "nan"}
+    extra = len(set(df.loc[rerun, "plan_hash"].dropna()) - {"None", "nan"})
+    note = f" (+ {extra} plan(s) of the matched-drop-rate rerun, built in the notebook)" if extra else ""
+    if not used:
+        return "none recorded" + note
+    missing = used - set(saved)
     if missing:
-        return f"{len(used)} distinct; {len(missing)} NOT among the saved plans (built with other knobs)"
-    return f"{len(used)} distinct, each identical (hash) to a saved plan in `plans/`"
+        return f"{len(used)} distinct; {len(missing)} NOT among the saved plans (built with other knobs)" + note
+    return f"{len(used)} distinct, each identical (hash) to a saved plan in `plans/`" + note
 
 
 def _archive_stale_sweep(sweep_dir: Path, fingerprint: str) -> None:
     """A re-run resumes the sweep (cells with DONE.json are skipped), but rows of another model (e.g. before the
     tiny model was retrained) must not be mixed in: move such a sweep folder aside to `_previous/`."""
+    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
     from .store import load_results
     if not sweep_dir.is_dir():
         return
@@ -105,6 +155,24 @@ def _archive_stale_sweep(sweep_dir: Path, fingerprint: str) -> None:
         print(f"[demo] {sweep_dir} holds rows of another model; moved to {dest}", flush=True)
 
 
+def draw_figures(out: Path) -> list[Path]:
+    """Every figure of the tiny model's sweep (+ each platform's baselines on its own) and one popularity heatmap
+    per calibration profile, all on one colour scale. The paper-scale rows get their own figures
+    (paper_scale_section): their facets would crowd these."""
+    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
+    from ..plots import make_all_figures, plot_baselines, plot_popularity_heatmap, save_figure, shared_vmax
+    from .store import load_results  # lazy, as above
+    figs = make_all_figures(out / "sweep", out / "figures")
+    profiles = sorted(p.parent for p in (out / "profiles").glob("*/counts.parquet"))
+    top = shared_vmax(profiles)
+    for prof in profiles:
+        name = "popularity" if len(profiles) == 1 else f"popularity-{prof.name}"
+        figs += save_figure(plot_popularity_heatmap(prof, vmax=top), out / "figures", name)
+    for plat, g in load_results(out / "sweep").groupby("platform"):
+        figs += save_figure(plot_baselines(g), out / "figures", f"baselines-{plat}")
+    return figs
+
+
 PAPER_SCALE = dict(geometry="qwen3-30b-a3b,phi-3.5-moe,phi-tiny-moe", routing="synthetic:gini=0.6",
                    platforms="m2-max,m2-ultra", variants="all", prompt_len=1024, chunk=512)
 
@@ -112,6 +180,7 @@ PAPER_SCALE = dict(geometry="qwen3-30b-a3b,phi-3.5-moe,phi-tiny-moe", routing="s
 def paper_scale_section(out: Path) -> tuple[str, list]:
     """The paper's three models simulated (geometry + routing statistics, no weights; all modeled): rows in
     `paper-scale/`, the main figure and ablation of that grid, and the SUMMARY section saying what it shows."""
+    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
     from ..plots import plot_ablation, plot_baselines, save_figure
     from ..sim.report import paper_scale_markdown
     from ..sim.run import simulate
@@ -128,12 +197,12 @@ def paper_scale_section(out: Path) -> tuple[str, list]:
 def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
     import yaml
 
-    from ..cpu_features import resolve_dtype   # lazy like the imports around it: `--help` stays instant
+    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
+    from ..cpu_features import resolve_dtype
     from ..models import load_model, model_fingerprint
-    from ..plan import variant_plan
-    from ..plots import make_all_figures, plot_baselines, save_figure
     from ..variants import VARIANTS
-    from .runner import calibration_profile
+    from ..plan import variant_plan
+    from .runner import PLAN_KNOBS, calibration_profile
     from .store import load_results
     from .sweep import run_sweep
     from .sweep_spec import load_spec
@@ -160,8 +229,9 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
         (out / "profiles" / f"chunk{c}" / "summary.txt").write_text(prof.summary().to_string(index=False) + "\n")
         for plat in [x.strip() for x in str(p.get("platforms", "cpu,m2-max")).split(",") if x.strip()]:
             for v in [v for v in VARIANTS.values() if v.experts == "plan"]:
-                # as run_experiment builds it (default knobs: cost-based residency)
-                plan = variant_plan(prof, v.name, model, platform=plat, residency="cost")
+                # exactly the plan run_experiment builds for the sweep's cells (same function, same knobs)
+                knobs = {k: p[k] for k in PLAN_KNOBS if p.get(k) is not None}
+                plan = variant_plan(prof, v.name, model, platform=plat, **knobs)
                 plan.save(out / "plans" / f"{v.name}-{plat}-chunk{c}.json")
                 saved_plans[plan.hash] = f"{v.name}-{plat}-chunk{c}.json"
     _archive_stale_sweep(out / "sweep", model_fingerprint(model))
@@ -172,13 +242,8 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
     if not report.ok and not report.done and not report.skipped:
         raise NpuMoeError(f"every cell of the demo sweep failed; see {out / 'sweep' / 'cells'}/*/executed.ipynb")
     print("[demo] drawing figures ...", flush=True)
-    # the whole output folder: the sweep's rows + the calibration profiles (-> popularity heatmaps)
-    figs = make_all_figures(out, out / "figures")
+    figs = draw_figures(out)
     df = load_results(out / "sweep")
-    # one baselines figure per platform too: measured host seconds next to modeled milliseconds on one linear
-    # axis hide the modeled bars
-    for plat, g in df.groupby("platform"):
-        figs += save_figure(plot_baselines(g), out / "figures", f"baselines-{plat}")
     paper_scale, paper_figs = paper_scale_section(out)
     figs += paper_figs
     sources = {"model": f"`{model_name}`" + (" (the bundled data/models/npumoe-tiny)" if model_name == "tiny" else ""),
@@ -213,6 +278,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=1)
     a = ap.parse_args(argv)
     try:
+        check_writable(a.out)
         run_demo(a.out, a.sweep, a.workers)
     except NpuMoeError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import NpuMoeError
+from ..utils import host_description
 from .model_cache import cached_load
 
 
@@ -42,6 +43,7 @@ def dropless_parity(model, input_ids) -> dict:
     Leaves the model detached (HF's experts)."""
     import torch
 
+    # lazy: every notebook kernel imports these helpers; each loads only what it uses
     from ..experts import attach, detach
     ids = torch.as_tensor(input_ids).reshape(1, -1)
     detach(model)
@@ -60,6 +62,7 @@ def dropless_parity(model, input_ids) -> dict:
 def prefill_rows(results: dict, model: str, workload: str, variant: str, prompt_len: int, chunk: int,
                  plan=None) -> pd.DataFrame:
     """Result rows (the store's schema) from `{platform name: PrefillResult}` of `npumoe_lab.prefill` calls."""
+    # lazy: every notebook kernel imports these helpers; each loads only what it uses
     from ..devices import get_platform
     rows = []
     for plat_name, res in results.items():
@@ -73,7 +76,7 @@ def prefill_rows(results: dict, model: str, workload: str, variant: str, prompt_
                      "drop_rate": sum(st.dropped for _, _, st in stats) / routed if routed else 0.0,
                      "pad_rate": sum(st.padded for _, _, st in stats) / slots if slots else 0.0,
                      "platform_profile": plat.name, "platform_hash": plat.hash, "platform_kind": plat.kind,
-                     "plan_hash": getattr(plan, "hash", None)})
+                     "plan_hash": getattr(plan, "hash", None), "host": host_description()})
     return pd.DataFrame(rows)
 
 
@@ -81,6 +84,7 @@ def run_knob_sweep(model, knob: str, values, *, model_name: str | None = None, *
     """`run_experiment` once per value of one plan knob (tiers, group_size, hot_threshold, percentile, ...);
     rows are concatenated and carry the knob's value in a column of the knob's name (`n_tiers` for tiers).
     `model`: a name/path or a loaded (model, tokenizer) tuple (loaded once and reused)."""
+    # lazy: every notebook kernel imports these helpers; each loads only what it uses
     from .runner import PLAN_KNOBS, run_experiment
     if knob not in PLAN_KNOBS:
         raise NpuMoeError(f"{knob!r} is not a plan knob; sweep one of {', '.join(PLAN_KNOBS)}")
@@ -100,6 +104,7 @@ def run_knob_sweep(model, knob: str, values, *, model_name: str | None = None, *
 
 def calibrate_workloads(model, tokenizer, workloads, chunk: int, tokens: int, seed: int = 0) -> dict:
     """{workload or domain name: CalibrationProfile} for each calibration text source."""
+    # lazy: every notebook kernel imports these helpers; each loads only what it uses
     from ..calibration import calibrate
     return {w: calibrate(model, tokenizer, workload=w, chunk=chunk, tokens=tokens, seed=seed) for w in workloads}
 
@@ -128,5 +133,6 @@ def maybe_write(rows, out_dir, name: str | None = None):
     """Write result rows with `write_rows` when the notebook's `out_dir` parameter is set; returns the path or None."""
     if out_dir is None:
         return None
+    # lazy: every notebook kernel imports these helpers; each loads only what it uses
     from .store import write_rows
     return write_rows(rows, out_dir, name=name)

@@ -15,6 +15,7 @@ import pandas as pd
 import torch
 
 from ..cpu_features import resolve_dtype, row_fields
+from ..devices.hostload import HostLoad, warn_if_busy
 from ..drift import DriftMonitor
 from ..errors import NpuMoeError
 from ..geometry import ModelGeometry
@@ -22,9 +23,12 @@ from ..utils import progress, provenance, with_torch_threads
 from ..knobs import PlanKnobs, add_knob_arguments, knobs_from_args
 from ..layout import ExecutionLayout
 from ..runtime import PrefillConfig, check_context, chunked_prefill, run_prefill
+from ..stats import change_statement, paired_exact
 from ..variants import ABLATION, PAPER_ABLATION_SPEEDUP, parse_variants
+from . import interleave
 from .shared_numerics import Numerics, numerics_key, remodel
 
+MEASURED_REPEATS = 3   # default repeats of a measured platform (median and IQR need several); modeled: 1
 PLAN_KNOBS = PlanKnobs.names()      # every build_plan knob is a run knob (and a sweep key of the notebooks)
 
 
@@ -74,10 +78,12 @@ def _attach_variant(model, variant, specs, profile, config: PrefillConfig, knobs
 
 @with_torch_threads
 def run_experiment(model="tiny", workload="ruler-multikey", variants="all", platforms="cpu,m2-max",
-                   prompt_len=1024, chunk=256, plan=None, repeats=1, n_samples=4, seed=0, out=None,
+                   prompt_len=1024, chunk=256, plan=None, repeats=None, n_samples=4, seed=0, out=None,
                    calib_workload="mixed", calib_tokens=8192, timeline=False, model_name=None, warmup=1,
                    npu_backend=None, dtype=None, share_numerics=True, drift=False, **plan_knobs) -> pd.DataFrame:
     """Run every (variant, platform) on the workload's samples; returns (and writes to `out`) result rows.
+    `repeats=None`: MEASURED_REPEATS on a measured platform (variants interleaved, host load recorded, median
+    and IQR stored, rows flagged `host_busy` with one warning when the host was not quiet), 1 on a modeled one.
     `threads=N` sets torch's intra-op threads for the run (rows record `torch_threads` either way). `dtype`: the
     model's dtype when loaded by name (None/"auto": this CPU's fast dtype, cpu_features.py); rows record it with
     the CPU's flags. A modeled platform reuses the forward of a run with the same numerics (shared_numerics.py;
@@ -95,7 +101,7 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
     PlanKnobs.check_names(plan_knobs)
     vlist = parse_variants(variants)
     plats = [get_platform(p.strip()) for p in (platforms.split(",") if isinstance(platforms, str) else platforms)]
-    if repeats < 1 or n_samples < 1:
+    if (repeats is not None and repeats < 1) or n_samples < 1:
         raise NpuMoeError(f"repeats and n_samples must be >= 1; got {repeats} and {n_samples}")
     if isinstance(model, tuple):
         model_obj, tok = model
@@ -150,16 +156,16 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
     geometry, shared = ModelGeometry.from_config(model_obj.config), {}   # numerics key -> per sample Numerics
     if ref_config is not None:
         shared[numerics_key(ref_v, None, ref_config)] = ref_numerics
-    bar = progress(total=len(vlist) * len(plats) * len(samples) * repeats, desc=f"run {workload}")
+    reps_of = {p.name: repeats or (MEASURED_REPEATS if p.kind == "measured" else 1) for p in plats}
+    bar = progress(total=len(vlist) * len(samples) * sum(reps_of.values()), desc=f"run {workload}")
     for plat in plats:
+        if npu_backend not in (None, "torch") and plat.kind != "measured":
+            raise NpuMoeError(f"--npu-backend {npu_backend} runs real graphs: use it with a measured platform "
+                              f"(e.g. cpu), not the modeled {plat.name!r}")
+        reps, configs = reps_of[plat.name], {}
         for v in vlist:
-            if npu_backend not in (None, "torch") and plat.kind != "measured":
-                raise NpuMoeError(f"--npu-backend {npu_backend} runs real graphs: use it with a measured platform "
-                                  f"(e.g. cpu), not the modeled {plat.name!r}")
             config = PrefillConfig(plat, chunk, attention=v.attention, pad_token_id=pad_id)
             used = _attach_variant(model_obj, v, specs, profile, config, plan_knobs, plan, npu_backend)
-            key = numerics_key(v, used, config)
-            prior, mine = shared.get(key) if share_numerics else None, []
             if config.measured:   # untimed: first calls pay allocator/thread-pool start-up (one static chunk)
                 for _ in range(warmup):
                     chunked_prefill(model_obj, torch.tensor([samples[0].input_ids[:chunk]]), chunk,
@@ -167,18 +173,27 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
             mon = None
             if drift and used is not None:     # after the warm-up: only the samples' routing is monitored
                 mon = model_obj._npumoe.executor.monitor = DriftMonitor(used, profile)
-            per_rep = [[] for _ in range(repeats)]
-            acc = []
+            key = numerics_key(v, used, config)
+            configs[v.name] = (interleave.snapshot(model_obj), used, config, mon, key,
+                               shared.get(key) if share_numerics else None)
+        per_rep = {v.name: [[] for _ in range(reps)] for v in vlist}
+        acc = {v.name: [] for v in vlist}
+        mine = {v.name: [] for v in vlist}
+        loads = {v.name: HostLoad() for v in vlist}
+        for r in range(reps):       # variants interleaved: a slow spell of the host hits every variant alike
             for i, s in enumerate(samples):
                 ids = torch.tensor([s.input_ids])
-                for r in range(repeats):
+                for v in vlist:
+                    snap, used, config, mon, key, prior = configs[v.name]
                     if share_numerics and not config.measured and (prior or r > 0):   # numerics ran already
-                        src = prior[i] if prior else mine[i]
+                        src = prior[i] if prior else mine[v.name][i]
                         res = remodel(src, config, geometry, n_tokens=len(s.input_ids))
                         res.summary["numerics_from"] = src.platform
                     else:
-                        res = run_prefill(model_obj, ids, config, measure_hf_experts=v.experts == "hf")
-                    per_rep[r].append(res.summary)
+                        interleave.restore(model_obj, snap)
+                        with loads[v.name].measuring():
+                            res = run_prefill(model_obj, ids, config, measure_hf_experts=v.experts == "hf")
+                    per_rep[v.name][r].append(res.summary)
                     if timeline and r == 0:
                         tl = to_frame(res.events).assign(variant=v.name, platform=plat.name, sample=i)
                         tl_frames.append(tl)
@@ -187,32 +202,42 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
                             sc, agree = prior[i].score, prior[i].agreement
                         else:
                             sc, agree = score(s, res), logit_agreement(refs[i][0], res.logits)
-                        mine.append(Numerics(plat.name, res.ops, res.stats, res.wall_s, sc, agree))
-                        acc.append(dict(score=sc["score"], ref_score=refs[i][1]["score"], nll=sc.get("nll"),
-                                        **agree))
+                        mine[v.name].append(Numerics(plat.name, res.ops, res.stats, res.wall_s, sc, agree))
+                        acc[v.name].append(dict(score=sc["score"], ref_score=refs[i][1]["score"], nll=sc.get("nll"),
+                                                **agree))
                     bar.update(1)
-            shared.setdefault(key, mine)
-            deltas = [a["score"] - a["ref_score"] for a in acc]
+        for v in vlist:
+            _, used, config, mon, key, _ = configs[v.name]
+            shared.setdefault(key, mine[v.name])
+            deltas = [a["score"] - a["ref_score"] for a in acc[v.name]]
             d_mean, d_lo, d_hi = bootstrap_ci(deltas, seed=seed)
-            accdf = pd.DataFrame(acc)
-            for r, reps in enumerate(per_rep):
-                m = pd.DataFrame(reps)
+            accdf = pd.DataFrame(acc[v.name])
+            exact = paired_exact(accdf["ref_score"], accdf["score"])
+            ttfts = [pd.DataFrame(reps_r)["ttft_s"].mean() for reps_r in per_rep[v.name]]
+            host = loads[v.name].columns(ttfts) if plat.kind == "measured" else {}
+            for r, reps_r in enumerate(per_rep[v.name]):
+                m = pd.DataFrame(reps_r)
                 row = dict(model=name, workload=workload, variant=v.name, platform=plat.name,
                            prompt_len=prompt_len, chunk=chunk, repeat=r, n_samples=len(samples),
                            score_name=wl.metric, score=accdf["score"].mean(), ref_score=accdf["ref_score"].mean(),
                            accuracy_delta=d_mean, accuracy_ci_low=d_lo, accuracy_ci_high=d_hi,
+                           accuracy_lost=exact["lost"], accuracy_gained=exact["gained"],
+                           accuracy_exact_low=exact["exact_low"], accuracy_exact_high=exact["exact_high"],
+                           accuracy_loss_bound=exact["loss_bound"], mcnemar_p=exact["mcnemar_p"],
                            nll=accdf["nll"].mean() if accdf["nll"].notna().any() else None,
                            top1_agree=accdf["top1_agree"].mean(), kl=accdf["kl"].mean(),
                            platform_profile=plat.name, platform_hash=plat.hash, platform_kind=plat.kind,
                            model_fingerprint=fingerprint, plan_hash=getattr(used, "hash", None),
                            npu_backend=(npu_backend or "torch") if v.experts == "plan" else None,
                            torch_threads=torch.get_num_threads(), **numerics_fields,
-                           created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **prov, **(mon.summary() if mon else {}))
+                           created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **host, **prov,
+                           **(mon.summary() if mon else {}))
                 for k in plan_knobs:            # swept knobs become columns (the figures read them)
                     row["n_tiers" if k == "tiers" else k] = plan_knobs[k]
                 for col in m.columns:
                     row[col] = m[col].mean() if pd.api.types.is_numeric_dtype(m[col]) else m[col].iloc[0]
                 rows.append(row)
+    warn_if_busy(rows)
     bar.close()
     detach(model_obj)
     df = pd.DataFrame(rows)
@@ -233,10 +258,24 @@ def ablation_report(df: pd.DataFrame) -> str:
         if "npumoe-base" not in t:
             continue
         src = g.timing_source.iloc[0]
-        parts = [f"{v} {t['npumoe-base'] / t[v]:.2f}x (paper {PAPER_ABLATION_SPEEDUP[v]:.2f}x)"
-                 for v in ABLATION if v in t]
+        drop = g.groupby("variant").drop_rate.median() if "drop_rate" in g else {}
+        # each speedup at its own drop rate: steps that drop different shares are different accuracy points
+        parts = [f"{v} {t['npumoe-base'] / t[v]:.2f}x at drop {100 * drop.get(v, float('nan')):.1f}% "
+                 f"(paper {PAPER_ABLATION_SPEEDUP[v]:.2f}x)" for v in ABLATION if v in t]
         lines.append(f"[{src} {plat}] prompt {p}, chunk {c}: " + ", ".join(parts))
     return "\n".join(lines)
+
+
+def median_table(df: pd.DataFrame, cols) -> str:
+    """One line per (variant, platform): the median over repeats of each number (what the ablation line uses)."""
+    keys = ["variant", "platform"]
+    g = df.groupby(keys, sort=False)
+    num = [c for c in cols if c not in keys and pd.api.types.is_numeric_dtype(df[c]) and df[c].dtype != bool]
+    other = [c for c in cols if c not in keys and c not in num]
+    t = g[num].median().join(g[other].first()).reset_index()[cols]
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        return f"(median over repeats; measured rows: {int(df.groupby(keys).size().max())} repeats)\n" + \
+            t.to_string(index=False)
 
 
 def register_cli(sub):
@@ -248,7 +287,8 @@ def register_cli(sub):
     p.add_argument("--prompt-len", type=int, default=1024)
     p.add_argument("--chunk", type=int, default=256)
     p.add_argument("--plan", default=None, help="a plan JSON for the npumoe variants (else built from calibration)")
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=None,
+                   help=f"timed repeats per sample (default: {MEASURED_REPEATS} on a measured platform, 1 modeled)")
     p.add_argument("--samples", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--calib-workload", default="mixed")
@@ -265,7 +305,8 @@ def register_cli(sub):
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cli_run)
     q = sub.add_parser("platforms", help="list the platforms with their sources")
-    q.set_defaults(func=lambda a: print(__import__("npumoe_lab.devices", fromlist=["x"]).format_platforms()) or 0)
+    q.set_defaults(func=lambda a: print(__import__("npumoe_lab.devices.hostcpu", fromlist=["x"]).platforms_report())
+                   or 0)
 
 
 def _cli_run(a: argparse.Namespace) -> int:
@@ -275,11 +316,14 @@ def _cli_run(a: argparse.Namespace) -> int:
                         n_samples=a.samples, seed=a.seed, out=a.out, calib_workload=a.calib_workload,
                         calib_tokens=a.calib_tokens, timeline=a.timeline, npu_backend=a.npu_backend,
                         threads=a.threads, dtype=a.dtype, drift=a.drift, **knobs)
-    cols = ["variant", "platform", "timing_source", "ttft_s", "energy_per_token_mj", "cpu_busy_s", "n_npu_calls",
-            "drop_rate", "pad_rate", "score", "accuracy_delta"]
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(df.groupby(["variant", "platform"], sort=False).first().reset_index()[
-            [c for c in cols if c in df.columns]].to_string(index=False))
+    cols = ["variant", "platform", "timing_source", "ttft_s", "ttft_iqr_s", "host_busy", "energy_per_token_mj",
+            "cpu_busy_s", "n_npu_calls", "drop_rate", "pad_rate", "score", "accuracy_delta"]
+    print(median_table(df, [c for c in cols if c in df.columns]))
+    for r in df.drop_duplicates(["variant", "platform"]).itertuples():
+        if r.variant != "reference" and pd.notna(getattr(r, "accuracy_lost", None)):
+            print(f"  {r.variant} @ {r.platform}: " + change_statement(
+                r.accuracy_lost, r.accuracy_gained, r.n_samples, r.accuracy_loss_bound, r.accuracy_exact_low,
+                r.accuracy_exact_high))
     report = ablation_report(df)
     if report:
         print("\nablation (TTFT speedup vs npumoe-base):\n" + report)

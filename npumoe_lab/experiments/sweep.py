@@ -1,7 +1,7 @@
 """Notebook sweeps: run one papermill execution per grid cell, resumably, on a local pool or a Dask cluster.
 
 Output layout (DIR = --out):
-  DIR/sweep.json                       the merged spec and the cells (rewritten on each run)
+  DIR/sweep.json                       every run's spec and cells, merged under a lock (sweep_record.py)
   DIR/_sweep/<stem>-<hash>.ipynb        the notebook as run (jupytext .py converted, kernelspec set)
   DIR/cells/<key>/executed.ipynb       papermill's output notebook (keeps the traceback of a failure)
   DIR/cells/<key>/rows-*.parquet       the rows the notebook wrote with write_rows(rows, out_dir)
@@ -16,6 +16,7 @@ import fcntl
 import os
 import re
 import socket
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,11 +24,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import NpuMoeError
-from ..utils import REPO_ROOT, progress, sha256_json
+from ..utils import REPO_ROOT, env_set, progress, sha256_json
 from .atomic import write_json
+from .sweep_record import die_with_parent, merge_sweep_json
 from .sweep_spec import cell_key, load_spec, read_notebook
 
 EXECUTORS = ("local", "dask")
+# kernels log nothing but errors: ipykernel's "running over TCP without encryption" warning, once per cell, is
+# about a loopback socket the sweep itself opened
+KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
 DONE, FAILED = "DONE.json", "FAILED.json"
 
 
@@ -77,9 +82,9 @@ def run_sweep(yaml_path, out_dir, workers: int = 1, executor: str = "local", sch
     out = Path(out_dir).resolve()
     notebook = _snapshot_notebook(spec, out / "_sweep") if spec.kind == "notebook" else None
     cells = [(cell_key(p), p) for p in spec.cells()]
-    write_json(out / "sweep.json", {"name": spec.name, "sources": [str(s) for s in spec.sources],
-                                     "kind": spec.kind, "notebook": str(spec.notebook), "parameters": spec.parameters,
-                                     "grid": spec.grid, "cells": {k: p for k, p in cells}})
+    merge_sweep_json(out, {"name": spec.name, "sources": [str(s) for s in spec.sources], "kind": spec.kind,
+                           "notebook": str(spec.notebook), "parameters": spec.parameters, "grid": spec.grid},
+                     {k: p for k, p in cells})
     report = SweepReport(spec.name, out)
     tasks = []
     for key, params in cells:
@@ -118,6 +123,7 @@ def run_cell(task: dict) -> dict:
             return {"status": "skipped"}
         _archive_attempt(cell_dir)
         started = time.time()
+        _say(f"[sweep] cell {task['key']} started: {cell_label(task['params'])}")
         info = {"cell": task["key"], "params": task["params"], "notebook": task["notebook"],
                 "host": socket.gethostname(), "started": _iso(started)}
         try:
@@ -135,6 +141,7 @@ def run_cell(task: dict) -> dict:
         rows = sorted(p.name for p in cell_dir.glob("*.parquet") if not p.name.startswith("."))
         write_json(cell_dir / DONE, {**info, "duration_s": duration, "finished": _iso(time.time()),
                                      "row_files": rows})
+        _say(f"[sweep] cell {task['key']} done in {duration:.0f} s: {cell_label(task['params'])}")
         return {"status": "done", "duration_s": duration}
 
 
@@ -145,9 +152,24 @@ def _run_notebook(task: dict, cell_dir: Path) -> None:
     if task.get("warm"):   # this worker's kernel: imports and loaded models carry over between cells
         from .warm_kernel import ENGINE, warm_manager   # lazy: registers a papermill engine
         engine = dict(engine_name=ENGINE, km=warm_manager("python3", task["cwd"]))
-    pm.execute_notebook(task["notebook"], str(cell_dir / "executed.ipynb"), kernel_name="python3",
-                        parameters={**task["params"], "out_dir": str(cell_dir)}, cwd=task["cwd"],
-                        progress_bar=False, **engine)
+    with env_set(NPUMOE_IN_SWEEP="1"):   # the kernel inherits it: no bars in executed notebooks
+        pm.execute_notebook(task["notebook"], str(cell_dir / "executed.ipynb"), kernel_name="python3",
+                            parameters={**task["params"], "out_dir": str(cell_dir)}, cwd=task["cwd"],
+                            progress_bar=False, extra_arguments=KERNEL_ARGS, **engine)
+
+
+LABEL_FIRST = ("variants", "variant", "platforms", "platform", "workload", "prompt_len", "chunk")
+
+
+def cell_label(params: dict) -> str:
+    """What a cell runs, variant/platform/prompt first (the progress line a user waits on for minutes)."""
+    keys = [k for k in LABEL_FIRST if k in params] + sorted(k for k in params if k not in LABEL_FIRST)
+    return ", ".join(f"{k}={params[k]}" for k in keys if k not in ("model", "seed", "out_dir"))
+
+
+def _say(line: str) -> None:
+    from tqdm.auto import tqdm
+    tqdm.write(line, file=sys.stderr)   # above a live bar (in-process cells), plain line in a pool worker
 
 
 def local_map(fn, tasks, workers, scheduler=None):
@@ -163,7 +185,8 @@ def local_map(fn, tasks, workers, scheduler=None):
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     # spawn: forking a parent that holds threads (tqdm, zmq) is unsafe
-    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=multiprocessing.get_context("spawn"),
+                             initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(fn, t): t for t in tasks}
         for fut in as_completed(futures):
             try:

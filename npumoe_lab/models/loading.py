@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ..errors import NpuMoeError
-from ..utils import DATA_DIR
+from ..utils import DATA_DIR, hf_progress
 from .registry import find_moe_blocks, get_family
 
 TINY_MODEL_DIR = DATA_DIR / "models" / "npumoe-tiny"
@@ -56,8 +56,9 @@ def load_model(name_or_path, dtype=None, *, attn_implementation: str = "eager"):
         raise NpuMoeError(f"the {config.model_type} model at {path} has no MoE layers (every layer is dense under "
                           f"its config); the workbench needs a model with at least one MoE layer")
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch_dtype,
-                                                     attn_implementation=attn_implementation)
+        with hf_progress():   # the weight-loading bar: off under NPUMOE_NO_PROGRESS and in sweep cells
+            model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch_dtype,
+                                                         attn_implementation=attn_implementation)
     except OSError as exc:
         raise NpuMoeError(f"could not load the weights of {path}: {exc}; check the checkpoint files") from exc
     model.eval()

@@ -75,7 +75,15 @@ def context_limit(tokenizer) -> int | None:
 
 
 def encode(tokenizer, text: str) -> list[int]:
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    """Token ids of a whole text. Texts longer than the context are cut into documents/prompts afterwards, so
+    transformers' "longer than the specified maximum sequence length" warning (meant for model inputs) is off."""
+    return list(tokenizer.encode(text, add_special_tokens=False, **quiet_kwargs(tokenizer)))
+
+
+def quiet_kwargs(tokenizer) -> dict:
+    """verbose=False for transformers tokenizers (others, e.g. the tests' character tokenizer, lack it)."""
+    from transformers import PreTrainedTokenizerBase
+    return {"verbose": False} if isinstance(tokenizer, PreTrainedTokenizerBase) else {}
 
 
 def bos_id(tokenizer) -> list[int]:

@@ -14,7 +14,7 @@ import math
 
 from ..errors import NpuMoeError
 from ..utils import progress
-from .base import Sample, Workload
+from .base import Sample, Workload, quiet_kwargs
 
 
 def default_prefill(model, input_ids):
@@ -69,7 +69,7 @@ def evaluate_sample(model, tokenizer, sample: Sample, workload: Workload, prefil
             first_lp = F.log_softmax(last, dim=-1)
             lls = []
             for ch in sample.choices:
-                c = list(tokenizer.encode(ch, add_special_tokens=False))
+                c = list(tokenizer.encode(ch, add_special_tokens=False, **quiet_kwargs(tokenizer)))
                 if not c:
                     raise NpuMoeError(f"choice {ch!r} encodes to no tokens")
                 ll = float(first_lp[c[0]])

@@ -1,0 +1,52 @@
+"""What this host's CPU is, read from the host itself (/proc/cpuinfo), for `npumoe-lab platforms` and results.
+
+The project's VMs differ (an Intel Xeon with AMX, an AMD EPYC Zen 4 with avx512_bf16, an AMD EPYC with AVX2 only:
+docs/sources/ENVIRONMENT.md), and bf16 speed differs ~60x between them, so the measured platform is described
+from the machine it runs on, never from a default.
+"""
+from __future__ import annotations
+
+import os
+import platform as _platform
+
+from .hostprofile import load_host_profile
+from .platform import format_platforms
+
+# the flags that decide which dtype and kernels are fast here
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
+
+
+def cpu_info(path: str = "/proc/cpuinfo") -> dict:
+    """{'model': str, 'flags': set[str], 'logical_cpus': int} of this host (flags empty where not readable)."""
+    model, flags = None, set()
+    try:
+        with open(path) as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and model is None:
+                    model = value.strip()
+                elif key == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    return {"model": model or _platform.processor() or _platform.machine(), "flags": flags,
+            "logical_cpus": os.cpu_count() or 1}
+
+
+def describe_host(info: dict | None = None) -> str:
+    """A few lines on the measured `cpu` platform's real host and whether its cost model was measured here."""
+    info = info or cpu_info()
+    isa = ", ".join(f"{f} {'yes' if f in info['flags'] else 'no'}" for f in ISA_FLAGS) if info["flags"] else \
+        "flags not readable"
+    prof = load_host_profile()
+    model = "measured on this host" if prof.get("measured") else \
+        "NOT measured on this host: defaults from another machine (docs/sources/ENVIRONMENT.md §4); run " \
+        "npumoe_lab.devices.hostprofile.measure_host_profile() to measure it"
+    return "\n".join([f"This host (the measured `cpu` platform): {info['model']}, {info['logical_cpus']} logical CPUs",
+                      f"  ISA: {isa}", f"  cpu platform cost model: {model}",
+                      "  sources cited above: docs/sources/*.md in this repository"])
+
+
+def platforms_report() -> str:
+    return format_platforms() + "\n\n" + describe_host()

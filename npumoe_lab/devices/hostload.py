@@ -1,0 +1,96 @@
+"""How busy the host was while a measured run took its timings.
+
+A measured wall time means little when other work shares the cores (on this project's 2-core VMs a busy host
+turned 0.14 s into 3.4 s and flipped the variant ordering). `HostLoad` samples the kernel's counters around each
+measured call: the CPU time every process on the host used (psutil.cpu_times, i.e. /proc/stat) minus this
+process's own (psutil.Process.cpu_times, children included), the hypervisor's steal time, and the 1-minute
+load average. Only the accumulated seconds of the measured calls count, so the untimed work in between (scoring,
+plan building) does not dilute or inflate the reading.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+
+# Limits of a quiet host. Others' CPU: more than a quarter of a core on average during the measured calls is
+# enough to move a 2-thread timing by tens of percent. Steal: 5 % of the wall time. IQR: the spread of the
+# repeats, relative to their median.
+OTHER_CORES_LIMIT = 0.25
+STEAL_LIMIT = 0.05
+IQR_LIMIT = 0.25
+
+
+class HostBusyWarning(UserWarning):
+    """Measured timings were taken on a host that was not quiet (see the rows' host_* columns)."""
+
+
+def _busy_s(t) -> float:
+    # psutil's Linux fields: idle and iowait are not busy; guest time is already inside user
+    return sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+
+class HostLoad:
+    """Accumulates others' CPU seconds, steal and wall time over `with load.measuring():` blocks."""
+
+    def __init__(self):
+        import psutil
+        self._psutil = psutil
+        self._me = psutil.Process()
+        self.wall_s = self.other_cpu_s = self.steal_s = 0.0
+        self.load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        self.n_cpus = psutil.cpu_count() or 1
+
+    def _snapshot(self):
+        import time
+        sysc = self._psutil.cpu_times()
+        own = self._me.cpu_times()
+        own_s = own.user + own.system + own.children_user + own.children_system
+        return time.perf_counter(), _busy_s(sysc), getattr(sysc, "steal", 0.0), own_s
+
+    def measuring(self):
+        load = self
+
+        class _Block:
+            def __enter__(self):
+                self.start = load._snapshot()
+
+            def __exit__(self, *exc):
+                end = load._snapshot()
+                wall, busy, steal, own = (b - a for a, b in zip(self.start, end))
+                load.wall_s += wall
+                load.other_cpu_s += max(busy - steal - own, 0.0)
+                load.steal_s += steal
+                return False
+        return _Block()
+
+    def columns(self, times) -> dict:
+        """Row columns: host load during the measured calls, the repeats' median/IQR, the busy flag and why."""
+        other = self.other_cpu_s / self.wall_s if self.wall_s > 0 else float("nan")
+        steal = self.steal_s / (self.wall_s * self.n_cpus) if self.wall_s > 0 else float("nan")
+        t = np.asarray([x for x in times if x is not None and np.isfinite(x)], dtype=float)
+        med = float(np.median(t)) if t.size else float("nan")
+        iqr = float(np.subtract(*np.percentile(t, [75, 25]))) if t.size else float("nan")
+        reasons = []
+        if other > OTHER_CORES_LIMIT:
+            reasons.append(f"other processes used {other:.2f} cores")
+        if steal > STEAL_LIMIT:
+            reasons.append(f"steal {steal:.0%}")
+        if t.size >= 3 and med > 0 and iqr / med > IQR_LIMIT:
+            reasons.append(f"TTFT IQR {iqr / med:.0%} of the median")
+        return dict(host_load1=self.load1, host_other_cores=other, host_steal_frac=steal,
+                    ttft_median_s=med, ttft_iqr_s=iqr, n_repeats=int(t.size),
+                    host_busy=bool(reasons), host_busy_reason="; ".join(reasons))
+
+
+def warn_if_busy(rows) -> bool:
+    """One warning for a whole run naming the busy configurations; True when it warned."""
+    busy = [r for r in rows if r.get("host_busy")]
+    if not busy:
+        return False
+    cells = sorted({f"{r['variant']}@{r['platform']}: {r['host_busy_reason']}" for r in busy})
+    shown = "; ".join(cells[:4]) + (f"; ... ({len(cells) - 4} more)" if len(cells) > 4 else "")
+    warnings.warn(f"measured timings taken on a busy host ({shown}); rows are flagged host_busy=True. Re-run on a "
+                  "quiet machine or with more --repeats before trusting them.", HostBusyWarning, stacklevel=4)
+    return True
