@@ -16,8 +16,23 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
-
+from .calibration import CalibrationProfile
+from .engine import PlanExecutor
 from .errors import NpuMoeError
+from .experiments.runner import calibration_profile
+from .experts import attach, detach
+from .geometry import ModelGeometry
+from .metrics import logit_agreement
+from .models import describe, load_model, model_fingerprint
+from .plan import variant_plan
+from .routing import RoutingRecorder
+from .runtime import PrefillConfig, chunked_prefill, run_prefill
+from .sim.geometries import list_geometries, load_geometry
+from .sim.replay import replay_prefill
+from .sim.routing import PopularityRouting, parse_routing
+from .sim.run import variant_executor
+from .variants import get_variant
+from .workloads import get_workload
 
 BASELINES = ("cpu-only", "anemll", "naive-npu", "npumoe-base")
 CHUNKS = (64, 128, 256, 512, 1024)
@@ -72,8 +87,6 @@ class PlanLab:
             prof = self.source.calibration_profile(self.specs, chunk, self.seed)
             real = prof is self.source.profile
             if not real and self.model is not None:      # the model's own fingerprint: attach() accepts its plans
-                from .calibration import CalibrationProfile
-                from .models import model_fingerprint
                 meta = {**prof.meta, "model_fingerprint": model_fingerprint(self.model), "model": self.name}
                 sampled = CalibrationProfile(prof.counts, prof.stats, meta, None)
                 sampled._matrices.update(prof._matrices)
@@ -101,9 +114,6 @@ class PlanLab:
     def _record(self, chunk: int) -> list:
         """One dropless prefill (HF's own experts) of the prompt with its routing recorded; keeps its logits as the
         reference of the real-numerics button."""
-        from .experts import detach
-        from .routing import RoutingRecorder
-        from .runtime import chunked_prefill
         detach(self.model)
         with RoutingRecorder(self.model) as rec:
             res = chunked_prefill(self.model, self.prompt_ids, chunk)
@@ -112,14 +122,10 @@ class PlanLab:
 
     # -- one knob setting -------------------------------------------------------------------------------------
     def plan(self, knobs: Knobs):
-        from .plan import variant_plan
         profile, _ = self.profile_at(knobs.chunk)
         return variant_plan(profile, "npumoe", self.specs, **knobs.plan_knobs(self.specs[0]))
 
     def evaluate(self, knobs: Knobs) -> Evaluation:
-        from .engine import PlanExecutor
-        from .runtime import PrefillConfig
-        from .sim.replay import replay_prefill
         t0 = time.perf_counter()
         self._check(knobs)
         plan = self.plan(knobs)
@@ -134,10 +140,6 @@ class PlanLab:
         """Summaries of the baseline variants (and npumoe at default knobs) on this platform and chunk."""
         key = (platform, chunk)
         if key not in self._baselines:
-            from .runtime import PrefillConfig
-            from .sim.replay import replay_prefill
-            from .sim.run import variant_executor
-            from .variants import get_variant
             profile, _ = self.profile_at(chunk)
             out = {}
             for name in (*BASELINES, "npumoe"):
@@ -153,9 +155,6 @@ class PlanLab:
         """The plan run for real (numerics, modeled timing) on the prompt, against the dropless reference."""
         if self.model is None:
             raise NpuMoeError("real numerics need the model's weights: explore(model) with a model, not a geometry")
-        from .experts import attach, detach
-        from .metrics import logit_agreement
-        from .runtime import PrefillConfig, run_prefill
         self.routing_at(knobs.chunk)                       # the dropless reference logits at this chunk
         t0 = time.perf_counter()
         attach(self.model, self.plan(knobs))
@@ -177,7 +176,6 @@ class PlanLab:
 
 
 def _popularity(profile, specs):
-    from .sim.routing import PopularityRouting
     shares = {}
     for s in specs:
         m = profile.count_matrix(s.layer).sum(1).astype(float) + 1e-9    # never-routed experts keep a tiny share
@@ -193,30 +191,23 @@ def make_lab(model_or_geometry="tiny", profile=None, *, tokenizer=None, prompt=N
     geometry name / config.json (routing from `routing`, or from `profile` when given)."""
     import torch
 
-    from .calibration import CalibrationProfile
-    from .geometry import ModelGeometry
-    from .sim.geometries import list_geometries, load_geometry
-    from .sim.routing import parse_routing
     model = model_or_geometry
     if isinstance(model, str) and (model in list_geometries() or model.endswith(".json")):
         name, _, geo = load_geometry(model)
         specs = list(geo.moe)
         source = _popularity(_load(profile), specs) if profile is not None else parse_routing(routing, specs, seed)
         return PlanLab(name, geo, specs, source, prompt_len, seed=seed)
-    from .models import describe, load_model
     name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
     if isinstance(model, str):
         model, tokenizer = load_model(model)
     if profile is None:
         if tokenizer is None:
             raise NpuMoeError("explore(model) needs its tokenizer (or a profile and a prompt): pass tokenizer=")
-        from .experiments.runner import calibration_profile
         profile = calibration_profile(model, tokenizer, calib_workload, chunk, calib_tokens, seed)
     profile = _load(profile) if not isinstance(profile, CalibrationProfile) else profile
     if prompt is None:
         if tokenizer is None:
             raise NpuMoeError("explore(model) needs a prompt (token ids) or a tokenizer to draw one")
-        from .workloads import get_workload
         prompt = get_workload(workload).samples(tokenizer, prompt_len, 1, seed)[0].input_ids
     elif isinstance(prompt, str):
         prompt = tokenizer(prompt).input_ids
@@ -227,7 +218,6 @@ def make_lab(model_or_geometry="tiny", profile=None, *, tokenizer=None, prompt=N
 
 
 def _load(profile):
-    from .calibration import CalibrationProfile
     return profile if isinstance(profile, CalibrationProfile) else CalibrationProfile.load(profile)
 
 
@@ -235,7 +225,7 @@ def explore(model_or_geometry="tiny", profile=None, *, layer: int | None = None,
             **lab_kwargs):
     """The interactive explorer (an ipywidgets VBox): sliders for the plan knobs, live panels of the plan and its
     modeled prefill against the baselines. Arguments as `make_lab`; `knobs`: the starting setting."""
-    from .explorer_app import Explorer
+    from .explorer_app import Explorer  # lazy: ipywidgets only when the app is asked for
     lab = make_lab(model_or_geometry, profile, **lab_kwargs)
     start = knobs or Knobs(chunk=lab_kwargs.get("chunk", 128))
     if start.chunk not in lab.chunk_options():

@@ -15,6 +15,7 @@ from dataclasses import replace
 import ipywidgets as W
 import pandas as pd
 
+from .devices import get_platform, list_platforms
 from .explorer import Knobs, PlanLab, summary_rows
 from .plots_plan import capacity_vs_load, group_map, metrics_vs_baselines
 from .plots_timeline import timeline
@@ -61,7 +62,6 @@ class Explorer(W.VBox):
 
     def __init__(self, lab: PlanLab, knobs: Knobs, layer: int | None = None):
         self.lab, self.knobs = lab, knobs
-        from .devices import get_platform, list_platforms
         modeled = [p for p in list_platforms() if get_platform(p).kind != "measured"]
         spec = lab.specs[0]
         style, lay = {"description_width": "140px"}, W.Layout(width="390px")

@@ -13,8 +13,12 @@ import re
 import numpy as np
 import pandas as pd
 
+from .devices import get_platform
 from .errors import NpuMoeError
+from .experiments.atomic import is_temp
+from .experiments.store import KIND_KEY
 from .plot_helpers import SOURCE_GID, style
+from .timeline import to_frame
 
 # ops.OP_KINDS -> (legend label, colour: colour-blind safe, fixed so every figure reads the same)
 KIND_STYLE = {
@@ -46,7 +50,6 @@ def events_frame(frame_or_events) -> pd.DataFrame:
     if isinstance(frame_or_events, pd.DataFrame):
         df = frame_or_events.copy()
     else:
-        from .timeline import to_frame
         df = to_frame(list(frame_or_events))
     if df.empty:
         raise NpuMoeError("the timeline has no events")
@@ -146,7 +149,6 @@ def _draw(frame_or_events, title, platform, host, max_events, shared_queue, widt
     df["critical"] = False
     df.loc[crit, "critical"] = True
     if isinstance(platform, str):
-        from .devices import get_platform
         platform = get_platform(platform)
     per_call = (platform.npu.dispatch_s + platform.npu.sync_s) if platform is not None else 0.0
     modeled_npu = (df["device"] == "npu") & (df["timing_source"] == "modeled")
@@ -246,8 +248,6 @@ def timeline_files(results_dir) -> list:
 
     import pyarrow.parquet as pq
 
-    from .experiments.atomic import is_temp
-    from .experiments.store import KIND_KEY
     root = Path(results_dir)
     return [p for p in sorted(root.rglob("*.parquet"))
             if not any(part.startswith((".", "_")) for part in p.relative_to(root).parts[:-1]) and not is_temp(p)
@@ -259,7 +259,7 @@ def timeline_figures(results_dir, out_dir, rows: pd.DataFrame | None = None, dpi
     """timeline-<model>-<variant>-<platform>-p<prompt>.pdf/.png for the first sample of each prefill in each
     timeline file, at most `limit` figures. `rows` (the results) name the model and host where a timeline lacks
     them. Returns the written paths."""
-    from .plots import save_figure
+    from .plots import save_figure  # lazy: plots imports this module (its timeline figure)
     paths, names, left = [], set(), 0
     for path in timeline_files(results_dir):
         frame = pd.read_parquet(path)
@@ -302,7 +302,6 @@ def _matching_rows(rows, info):
 
 def _known_platform(name):
     """The modeled platform of that name (its dispatch/sync parameters), or None (measured or unknown)."""
-    from .devices import get_platform
     try:
         p = get_platform(name) if isinstance(name, str) else None
     except NpuMoeError:

@@ -96,7 +96,7 @@ def test_repeats_interleave_the_variants(standin, tmp_path, monkeypatch):
     monkeypatch.setattr(interleave, "restore", lambda model, snap: (order.append(id(snap[0])), restore(model, snap)))
     df = run_experiment(model=str(standin), workload="lm-heldout", variants="reference,npumoe-base,npumoe",
                         platforms="m2-max", prompt_len=256, chunk=128, n_samples=2, calib_tokens=1024, warmup=0,
-                        repeats=2)
+                        repeats=2, share_numerics=False)   # every repeat its own forward: the order is visible
     assert len(order) == 2 * 2 * 3 and len(set(order)) == 3
     first = order[:3]
     assert order == first * 4                 # ref, base, npumoe, ref, base, npumoe, ... never ref, ref, ...

@@ -14,19 +14,29 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from ..calibration import CalibrationProfile, calibrate
 from ..cpu_features import resolve_dtype, row_fields
+from ..devices import get_platform
 from ..devices.hostload import HostLoad, warn_if_busy
 from ..drift import DriftMonitor
 from ..errors import NpuMoeError
+from ..experts import attach, detach, dropless_executor, set_executor
 from ..geometry import ModelGeometry
-from ..utils import progress, provenance, with_torch_threads
 from ..knobs import PlanKnobs, add_knob_arguments, knobs_from_args
 from ..layout import ExecutionLayout
+from ..metrics import bootstrap_ci, logit_agreement
+from ..models import describe, load_model, model_fingerprint
+from ..plan import Plan, variant_plan
 from ..runtime import PrefillConfig, check_context, chunked_prefill, run_prefill
 from ..stats import change_statement, paired_exact
+from ..timeline import to_frame
+from ..utils import progress, provenance, with_torch_threads
 from ..variants import ABLATION, PAPER_ABLATION_SPEEDUP, parse_variants
+from ..workloads import get_workload
+from ..workloads.scoring import evaluate_sample
 from . import interleave
 from .shared_numerics import Numerics, numerics_key, remodel
+from .store import write_rows, write_timeline
 
 MEASURED_REPEATS = 3   # default repeats of a measured platform (median and IQR need several); modeled: 1
 PLAN_KNOBS = PlanKnobs.names()      # every build_plan knob is a run knob (and a sweep key of the notebooks)
@@ -38,8 +48,6 @@ def cache_dir() -> Path:
 
 def calibration_profile(model, tokenizer, workload: str, chunk: int, tokens: int, seed: int = 0):
     """Calibrate once per (model, workload, chunk, tokens); later runs load the saved profile."""
-    from ..calibration import CalibrationProfile, calibrate
-    from ..models import model_fingerprint
     d = cache_dir() / "profiles" / f"{model_fingerprint(model)[:16]}-{workload}-c{chunk}-n{tokens}-s{seed}"
     if (d / "profile.json").exists():
         return CalibrationProfile.load(d)
@@ -58,8 +66,6 @@ def check_model_dtype(model, dtype) -> None:
 
 def _attach_variant(model, variant, specs, profile, config: PrefillConfig, knobs, plan, npu_backend=None):
     """Put the model in the variant's configuration; returns the plan used (or None)."""
-    from .. import attach, detach
-    from ..plan import variant_plan
     detach(model)
     if variant.experts == "hf":
         model.set_experts_implementation("eager")
@@ -90,14 +96,6 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
     `share_numerics=False`: every row from its own forward). `drift=True`: plan variants run with a drift monitor
     against the calibration profile (drift.py; columns drift_*); each row then comes from its own forward."""
     share_numerics = share_numerics and not drift     # a monitor observes the forward it is attached to
-    from .. import detach
-    from ..devices import get_platform
-    from ..metrics import bootstrap_ci, logit_agreement
-    from ..models import describe, load_model, model_fingerprint
-    from ..plan import Plan
-    from ..timeline import to_frame
-    from ..workloads import get_workload
-    from ..workloads.scoring import evaluate_sample
     PlanKnobs.check_names(plan_knobs)
     vlist = parse_variants(variants)
     plats = [get_platform(p.strip()) for p in (platforms.split(",") if isinstance(platforms, str) else platforms)]
@@ -124,7 +122,6 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
 
     def score(sample, res):
         """Score from an existing prefill; decoding runs the normal (dropless) path."""
-        from ..experts import dropless_executor, set_executor
         attached = getattr(model_obj, "_npumoe", None) is not None
         prev = set_executor(model_obj, dropless_executor) if attached else None
         try:
@@ -242,7 +239,6 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
     detach(model_obj)
     df = pd.DataFrame(rows)
     if out is not None:
-        from .store import write_rows, write_timeline
         write_rows(df, out)            # content-hash file name: a re-run never replaces earlier rows
         if tl_frames:
             write_timeline(pd.concat(tl_frames, ignore_index=True), Path(out) / "timelines")

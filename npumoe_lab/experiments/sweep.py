@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..errors import NpuMoeError
 from ..utils import REPO_ROOT, env_set, progress, sha256_json
-from .atomic import write_json
+from .atomic import atomic_open, write_json
 from .sweep_record import die_with_parent, merge_sweep_json
 from .sweep_spec import cell_key, load_spec, read_notebook
 
@@ -96,7 +96,7 @@ def run_sweep(yaml_path, out_dir, workers: int = 1, executor: str = "local", sch
                           "kind": spec.kind, "cwd": str(spec.notebook.parent if notebook else out),
                           "warm": warm and executor == "local" and spec.kind == "notebook"})
     if executor == "dask":
-        from .dask_executor import dask_map as run_all
+        from .dask_executor import dask_map as run_all  # lazy: dask is an optional, heavy dependency
     else:
         run_all = local_map
     bar = progress(total=len(cells), initial=len(report.skipped), desc=f"sweep {spec.name}", unit="cell")
@@ -107,7 +107,7 @@ def run_sweep(yaml_path, out_dir, workers: int = 1, executor: str = "local", sch
             bar.update(1)
             bar.set_postfix(failed=len(report.failed))
     if any(t["warm"] for t in tasks) and workers == 1:   # this process's warm kernel: done with this sweep
-        from .warm_kernel import shutdown   # lazy: registers a papermill engine
+        from .warm_kernel import shutdown  # lazy: registers a papermill engine
         shutdown()
     return report
 
@@ -128,7 +128,7 @@ def run_cell(task: dict) -> dict:
                 "host": socket.gethostname(), "started": _iso(started)}
         try:
             if task.get("kind") == "simulate":   # no notebook: the cell is one simulate() call writing its rows
-                from ..sim.run import simulate   # lazy: torch and the engine only for `kind: simulate` sweeps
+                from ..sim.run import simulate  # lazy: torch and the engine only for `kind: simulate` sweeps
                 simulate(**task["params"], out=cell_dir)
             else:
                 _run_notebook(task, cell_dir)
@@ -146,11 +146,11 @@ def run_cell(task: dict) -> dict:
 
 
 def _run_notebook(task: dict, cell_dir: Path) -> None:
-    import papermill as pm   # lazy: papermill and its kernels only for notebook sweeps
+    import papermill as pm  # lazy: papermill and its kernels only for notebook sweeps
 
     engine = {}
     if task.get("warm"):   # this worker's kernel: imports and loaded models carry over between cells
-        from .warm_kernel import ENGINE, warm_manager   # lazy: registers a papermill engine
+        from .warm_kernel import ENGINE, warm_manager  # lazy: registers a papermill engine
         engine = dict(engine_name=ENGINE, km=warm_manager("python3", task["cwd"]))
     with env_set(NPUMOE_IN_SWEEP="1"):   # the kernel inherits it: no bars in executed notebooks
         pm.execute_notebook(task["notebook"], str(cell_dir / "executed.ipynb"), kernel_name="python3",
@@ -220,7 +220,6 @@ def _snapshot_notebook(spec, folder: Path) -> Path:
     text = nbformat.writes(nb)
     path = folder / f"{spec.notebook.stem}-{sha256_json(text)[:12]}.ipynb"
     if not path.exists():
-        from .atomic import atomic_open
         with atomic_open(path, "w") as fh:
             fh.write(text)
     return path
