@@ -40,6 +40,11 @@ SUMMARIES = {
     "sweep": "run a notebook over a parameter grid (papermill), resumably",
     "figures": "make every paper figure the results allow (PDF + PNG)",
     "convert": "build static NPU graphs (Core ML / ONNX) of a plan",
+    "simulate": "paper-scale prefill from a model's geometry and routing statistics (no weights; times modeled)",
+    "sensitivity": "rerun a simulation at every sourced alternative of the uncertain device parameters",
+    "paper-check": "the device model against every number of the paper's results it can predict",
+    "tune": "search plan knobs for a drop-rate or TTFT budget (Pareto front)",
+    "drift": "calibrate on one domain, run another: the drift monitor and recalibration",
 }
 
 

@@ -42,3 +42,9 @@ def test_bad_knobs_name_what_is_wrong(kw, message):
 def test_unknown_knob_lists_the_valid_ones():
     with pytest.raises(NpuMoeError, match=r"unknown plan knob\(s\) \['grup_size'\]; valid: tiers, percentile"):
         PlanKnobs.check_names({"grup_size": 4})
+
+
+def test_every_command_has_a_one_line_summary_for_the_fast_help():
+    """The top-level --help lists commands without importing them: each needs its line in cli.SUMMARIES."""
+    commands = [c for cs in cli.SUBCOMMANDS.values() for c in cs]
+    assert sorted(commands) == sorted(cli.SUMMARIES)
