@@ -41,11 +41,7 @@ out_dir = None
 from npumoe_lab.experiments import notebook_helpers as nb
 from npumoe_lab.plots import plot_accuracy, plot_tiers
 
-m = nb.load(model)
-df = nb.run_knob_sweep(m, "tiers", tier_values, model_name=nb.model_label(model), workload=workload,
-                         variants=variants, platforms=platforms, prompt_len=prompt_len, chunk=chunk,
-                         n_samples=n_samples, repeats=repeats, calib_workload=calib_workload,
-                         calib_tokens=calib_tokens, seed=seed)
+df = nb.knob_sweep(globals(), "tiers", tier_values)
 nb.maybe_write(df, out_dir)
 df[["variant", "platform", "n_tiers", "pad_rate", "drop_rate", "accuracy_delta", "accuracy_ci_low",
     "accuracy_ci_high", "top1_agree", "kl", "ttft_s", "timing_source"]]

@@ -39,11 +39,7 @@ out_dir = None
 from npumoe_lab.experiments import notebook_helpers as nb
 from npumoe_lab.plots import plot_residency
 
-m = nb.load(model)
-df = nb.run_knob_sweep(m, "hot_threshold", hot_thresholds, model_name=nb.model_label(model),
-                         workload=workload, variants=variants, platforms=platforms, prompt_len=prompt_len,
-                         chunk=chunk, n_samples=n_samples, repeats=repeats, calib_workload=calib_workload,
-                         calib_tokens=calib_tokens, seed=seed)
+df = nb.knob_sweep(globals(), "hot_threshold", hot_thresholds)
 nb.maybe_write(df, out_dir)
 df[["variant", "platform", "timing_source", "hot_threshold", "ttft_s", "energy_per_token_mj", "n_npu_calls",
     "cpu_cycles", "drop_rate"]]

@@ -40,11 +40,7 @@ out_dir = None
 from npumoe_lab.experiments import notebook_helpers as nb
 from npumoe_lab.plots import plot_accuracy
 
-m = nb.load(model)
-df = nb.run_knob_sweep(m, "percentile", percentiles, model_name=nb.model_label(model), workload=workload,
-                         variants=variants, platforms=platforms, prompt_len=prompt_len, chunk=chunk,
-                         n_samples=n_samples, repeats=repeats, calib_workload=calib_workload,
-                         calib_tokens=calib_tokens, seed=seed)
+df = nb.knob_sweep(globals(), "percentile", percentiles)
 nb.maybe_write(df, out_dir)
 df[["variant", "percentile", "drop_rate", "score", "ref_score", "accuracy_delta", "accuracy_ci_low",
     "accuracy_ci_high", "top1_agree", "kl"]]

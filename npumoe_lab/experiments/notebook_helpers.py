@@ -102,6 +102,21 @@ def run_knob_sweep(model, knob: str, values, *, model_name: str | None = None, *
     return pd.concat(frames, ignore_index=True)
 
 
+# the run parameters every knob notebook declares in its `parameters` cell (papermill's one name per value)
+RUN_PARAMETERS = ("workload", "variants", "platforms", "prompt_len", "chunk", "n_samples", "repeats",
+                  "calib_workload", "calib_tokens", "seed")
+
+
+def knob_sweep(params: dict, knob: str, values) -> pd.DataFrame:
+    """`run_knob_sweep` with the notebook's own parameters (`params`: its globals(): `model` and RUN_PARAMETERS),
+    so no notebook restates the run's arguments."""
+    missing = [n for n in ("model", *RUN_PARAMETERS) if n not in params]
+    if missing:
+        raise NpuMoeError(f"the notebook's parameters cell lacks {missing}; declare them (see 03_grouping)")
+    return run_knob_sweep(load(params["model"]), knob, values, model_name=model_label(params["model"]),
+                          **{n: params[n] for n in RUN_PARAMETERS})
+
+
 def calibrate_workloads(model, tokenizer, workloads, chunk: int, tokens: int, seed: int = 0) -> dict:
     """{workload or domain name: CalibrationProfile} for each calibration text source."""
     # lazy: every notebook kernel imports these helpers; each loads only what it uses
