@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -30,6 +32,8 @@ workload = "lm-heldout"             # where the prompt comes from (`npumoe_lab.l
 calib_workload = "mixed"            # calibration text (a model)
 calib_tokens = 2048                 # calibration tokens (a model)
 routing = None                      # a geometry's routing source, as in npumoe-lab simulate (None: Gini 0.6)
+residency = "threshold"             # starting rule: the paper's hot/cold split ("cost", npumoe's default, keeps
+                                    # every group of the tiny model on the CPU, where the capacity knobs do nothing)
 seed = 0
 out_dir = None                      # set (e.g. by a sweep): the starting plan's and the baselines' rows are written
 
@@ -38,10 +42,11 @@ import pandas as pd
 
 import npumoe_lab as nl
 from npumoe_lab.experiments.notebook_helpers import maybe_write
-from npumoe_lab.explorer import evaluation_rows, summary_rows
+from npumoe_lab.explorer import Knobs, evaluation_rows, summary_rows
 
-app = nl.explore(model, prompt_len=prompt_len, chunk=chunk, workload=workload, calib_workload=calib_workload,
-                 calib_tokens=calib_tokens, routing=routing or "synthetic:gini=0.6", seed=seed)
+app = nl.explore(model, knobs=Knobs(chunk=chunk, residency=residency), prompt_len=prompt_len, chunk=chunk,
+                 workload=workload, calib_workload=calib_workload, calib_tokens=calib_tokens,
+                 routing=routing or "synthetic:gini=0.6", seed=seed)
 app
 
 # %% [markdown]
