@@ -1,11 +1,13 @@
 """Shared test set-up.
 
 Threads are set once here: 1 torch thread, immune to OpenMP barrier stalls when the 2 cores of a CI machine are
-shared (a test that needs another count sets it inside the test and restores it, e.g. test_runner). Lanes: tests in SLOW_MODULES (notebooks and the
-browser, sweeps of notebooks, whole-model benchmarks) are marked `slow`; `make test-fast` runs the rest, and
-`make test` runs the fast lane first, then the slow one."""
+shared (a test that needs another count sets it inside the test and restores it, e.g. test_runner).
+Lanes: tests in SLOW_MODULES (notebooks and the browser, sweeps of notebooks, whole-model benchmarks) are marked
+`slow`; `make test-fast` runs the rest, and `make test` runs the fast lane first, then the slow one."""
 import pytest
 import torch
+
+from npumoe_lab.models import TINY_MODEL_DIR, load_model
 
 torch.set_num_threads(1)
 
@@ -19,3 +21,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.stem in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="module")
+def tiny_model_fresh_cache(tmp_path_factory):
+    """The bundled model with a calibration cache of the module's own (drift and tuner tests)."""
+    if not (TINY_MODEL_DIR / "config.json").is_file():
+        pytest.skip("the bundled tiny model is not built (npumoe-lab train-tiny)")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("NPUMOE_CACHE", str(tmp_path_factory.mktemp("cache")))
+    yield load_model("tiny")
+    mp.undo()

@@ -1,25 +1,12 @@
 """Drift on the bundled model, real numerics (slow): a plan calibrated on scripture prefilling held-out code is
 flagged, and with recalibrate="rebuild" the later chunks drop within 2 points of a plan calibrated on code."""
-import pytest
 
-from npumoe_lab import load_model
 from npumoe_lab.adaptive import drift_run
 from npumoe_lab.experiments.runner import run_experiment
-from npumoe_lab.models import TINY_MODEL_DIR
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    if not (TINY_MODEL_DIR / "config.json").is_file():
-        pytest.skip("the bundled tiny model is not built (npumoe-lab train-tiny)")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("NPUMOE_CACHE", str(tmp_path_factory.mktemp("cache")))
-    yield load_model("tiny")
-    mp.undo()
-
-
-def test_scripture_plan_on_code_is_flagged_and_recovers(tiny):
-    model, tok = tiny
+def test_scripture_plan_on_code_is_flagged_and_recovers(tiny_model_fresh_cache):
+    model, tok = tiny_model_fresh_cache
     rep = drift_run(model, tok, "scripture", "code", prompt_len=1024, chunk=128, calib_tokens=2048)
     print(rep.text())
     s = rep.summary
@@ -34,16 +21,17 @@ def test_scripture_plan_on_code_is_flagged_and_recovers(tiny):
     assert (early["drop_static"] == early["drop_adaptive"]).all()
 
 
-def test_same_domain_stays_quiet(tiny):
-    model, tok = tiny
+def test_same_domain_stays_quiet(tiny_model_fresh_cache):
+    model, tok = tiny_model_fresh_cache
     rep = drift_run(model, tok, "scripture", "scripture", prompt_len=1024, chunk=128, calib_tokens=2048,
                     recalibrate="off")
     assert not rep.rebuilds and rep.summary["drift_js_max"] < 0.3
 
 
-def test_run_experiment_drift_columns(tiny):
-    df = run_experiment(model=tiny, workload="lm-heldout", variants="npumoe,cpu-only", platforms="m2-max",
-                        prompt_len=256, chunk=128, n_samples=1, calib_workload="scripture", calib_tokens=1024,
+def test_run_experiment_drift_columns(tiny_model_fresh_cache):
+    df = run_experiment(model=tiny_model_fresh_cache, workload="lm-heldout", variants="npumoe,cpu-only",
+                        platforms="m2-max", prompt_len=256, chunk=128, n_samples=1, calib_workload="scripture",
+                        calib_tokens=1024,
                         warmup=0, drift=True, residency="all")
     plan_row = df[df.variant == "npumoe"].iloc[0]
     assert 0 <= plan_row["drift_js_max"] <= 1 and 0 <= plan_row["drift_hot_overlap_min"] <= 1

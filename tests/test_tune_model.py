@@ -7,25 +7,14 @@ import time
 import numpy as np
 import pytest
 
-from npumoe_lab import attach, build_plan, detach, load_model
+from npumoe_lab import attach, build_plan, detach
 from npumoe_lab.cli import main
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.experiments.runner import calibration_profile
-from npumoe_lab.models import TINY_MODEL_DIR
 from npumoe_lab.plan import Plan
 from npumoe_lab.runtime import PrefillConfig, run_prefill
 from npumoe_lab.tune import tune
 from npumoe_lab.workloads import get_workload
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    if not (TINY_MODEL_DIR / "config.json").is_file():
-        pytest.skip("the bundled tiny model is not built (npumoe-lab train-tiny)")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("NPUMOE_CACHE", str(tmp_path_factory.mktemp("cache")))
-    yield load_model("tiny")
-    mp.undo()
 
 
 def _ttft_ms(model, plan, samples, config):
@@ -36,8 +25,8 @@ def _ttft_ms(model, plan, samples, config):
         detach(model)
 
 
-def test_tune_tiny_budget_drop(tiny, tmp_path, capsys):
-    model, tok = tiny
+def test_tune_tiny_budget_drop(tiny_model_fresh_cache, tmp_path, capsys):
+    model, tok = tiny_model_fresh_cache
     calibration_profile(model, tok, "mixed", 128, 4096)          # the demo's calibration (cached for the CLI)
     t0 = time.perf_counter()
     assert main(["tune", "--model", "tiny", "--budget-drop", "0.05", "--platform", "m2-max",
@@ -59,8 +48,8 @@ def test_tune_tiny_budget_drop(tiny, tmp_path, capsys):
         assert tuned <= hand * 1.0001
 
 
-def test_profile_of_another_model_is_an_error(tiny):
-    model, tok = tiny
+def test_profile_of_another_model_is_an_error(tiny_model_fresh_cache):
+    model, tok = tiny_model_fresh_cache
     prof = calibration_profile(model, tok, "mixed", 128, 4096)
     other = type(prof)(prof.counts, prof.stats, dict(prof.meta, model_fingerprint="0" * 64))
     with pytest.raises(NpuMoeError, match="calibration profile is of model"):

@@ -69,7 +69,8 @@ def losses(df: pd.DataFrame) -> list[str]:
                 continue
             bad = r[r[b] < 1]
             for (m, p), g in bad.groupby(["model", "platform"]):
-                where = ", ".join(f"P={int(x['prompt_len'])}/C={int(x['chunk'])} ({x[b]:.2f}x)" for _, x in g.iterrows())
+                where = ", ".join(f"P={int(x['prompt_len'])}/C={int(x['chunk'])} ({x[b]:.2f}x)"
+                                  for _, x in g.iterrows())
                 out.append(f"- {m} on {p}: npumoe's {label} is worse than {b} at {where}")
     t = df[df.variant.isin(ABLATION)].pivot_table(index=KEYS, columns="variant", values="ttft_s")
     steps = [v for v in ABLATION if v in t]
