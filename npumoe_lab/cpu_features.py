@@ -5,6 +5,11 @@ GEMM ran at ~1 GFLOP/s against 118 in fp32 and batched fp16 at 2-3 GFLOP/s again
 bf16 is the fast dtype (448 vs ~218 GFLOP/s on the Zen EPYC of bench/RESULTS.md). So the dtype is chosen from the
 flags, not fixed. `NPUMOE_CPU_FLAGS` (comma or space separated) replaces the detected flags, so tests and users
 can take the decisions of another CPU (e.g. `NPUMOE_CPU_FLAGS=avx2,fma` = the AVX2-only EPYC).
+
+torch can also be told to use fewer of the CPU's instructions: `ONEDNN_MAX_CPU_ISA=AVX2` (oneDNN's GEMMs) and
+`ATEN_CPU_CAPABILITY=avx2` (ATen's kernels). Under both, an AVX-512 machine computes as an AVX2-only one does
+(measured on the Zen 4 EPYC, 2 threads: bf16 GEMM 1.3 GFLOP/s against 912 unrestricted, fp32 ~200 both ways;
+bench/RESULTS.md), so under the oneDNN limit the AVX-512 and AMX flags count as absent and rows say "+isa=AVX2".
 """
 from __future__ import annotations
 
@@ -61,12 +66,28 @@ def cpu_model() -> str:
     return _detected()[0]
 
 
+# oneDNN's ISA names below AVX-512 (ONEDNN_MAX_CPU_ISA)
+_ONEDNN_BELOW_AVX512 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2")
+
+
+def isa_limit() -> str | None:
+    """The oneDNN ISA limit ("AVX2", ...) when ONEDNN_MAX_CPU_ISA keeps torch's GEMMs below AVX-512, else None.
+    oneDNN is what runs bf16 GEMMs: ATEN_CPU_CAPABILITY=avx2 alone left them at 898 GFLOP/s on the Zen 4 EPYC."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", "")).upper()
+    return onednn if onednn in _ONEDNN_BELOW_AVX512 else None
+
+
 def cpu_flags() -> frozenset:
-    """This CPU's flags, or those of NPUMOE_CPU_FLAGS when it is set."""
+    """This CPU's flags, or those of NPUMOE_CPU_FLAGS when it is set; without AVX-512 and AMX under an ISA limit."""
     override = os.environ.get(ENV_FLAGS)
     if override is not None:
         return frozenset(f for f in override.replace(",", " ").split() if f)
-    return _detected()[1]
+    flags = _detected()[1]
+    if isa_limit():
+        flags = frozenset(f for f in flags if not f.startswith(("avx512", "amx")))
+    return flags
 
 
 def native_bf16(flags=None) -> bool:
@@ -103,12 +124,15 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def row_fields(dtype: torch.dtype, flags=None) -> dict:
     """What every measured result row records about the numerics it ran: `dtype`, `cpu_flags` (the relevant
-    ones, sorted; '+override' when NPUMOE_CPU_FLAGS replaced the detected flags) and `cpu_model`."""
+    ones, sorted; '+override' when NPUMOE_CPU_FLAGS replaced the detected flags, '+isa=AVX2' under an ISA limit)
+    and `cpu_model`."""
     overridden = flags is None and os.environ.get(ENV_FLAGS) is not None
+    limit = isa_limit() if flags is None and not overridden else None
     flags = cpu_flags() if flags is None else flags
-    text = ",".join(sorted(f for f in flags if f in RELEVANT)) + ("+override" if overridden else "")
+    text = (",".join(sorted(f for f in flags if f in RELEVANT)) + ("+override" if overridden else "")
+            + (f"+isa={limit}" if limit else ""))
     return {"dtype": dtype_name(dtype), "cpu_flags": text, "cpu_model": cpu_model()}
 
 
 __all__ = ["cpu_flags", "cpu_model", "native_bf16", "native_fp16", "fast_dtype", "resolve_dtype", "dtype_name",
-           "row_fields", "ENV_FLAGS"]
+           "row_fields", "isa_limit", "ENV_FLAGS"]

@@ -97,3 +97,19 @@ def test_fast_dtype_by_flags_and_override(monkeypatch):
     assert cpu_features.resolve_dtype(torch.float16) == torch.float16
     with pytest.raises(NpuMoeError, match="fast dtype"):
         cpu_features.resolve_dtype("int8")
+
+
+def test_onednn_isa_limit_hides_avx512_and_amx(monkeypatch):
+    """ONEDNN_MAX_CPU_ISA=AVX2 makes bf16 GEMMs as slow as on an AVX2-only CPU (1.3 vs 912 GFLOP/s measured), so
+    the dtype rule must see that CPU: on any host, with the detected flags of an AVX-512 + AMX machine."""
+    if cpu_features.platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("the oneDNN ISA limit is an x86 knob")
+    monkeypatch.delenv(cpu_features.ENV_FLAGS, raising=False)
+    monkeypatch.setattr(cpu_features, "_detected", lambda: ("Xeon", frozenset(AVX2 | {"avx512f", "amx_bf16"})))
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    assert cpu_features.isa_limit() is None and cpu_features.fast_dtype() == torch.bfloat16
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx2")
+    assert cpu_features.isa_limit() == "AVX2" and cpu_features.fast_dtype() == torch.float32
+    assert cpu_features.row_fields(torch.float32)["cpu_flags"].endswith("+isa=AVX2")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")                # a limit that keeps AMX: no change
+    assert cpu_features.isa_limit() is None and cpu_features.fast_dtype() == torch.bfloat16
