@@ -8,7 +8,7 @@ import torch
 
 from npumoe_lab.experiments import model_cache
 from npumoe_lab.experiments.store import load_results
-from npumoe_lab.experiments.sweep import run_sweep
+from npumoe_lab.experiments.sweep import prewarm, run_sweep
 from npumoe_lab.experiments.warm_kernel import shutdown
 
 FIX = Path(__file__).parent / "fixtures"
@@ -24,6 +24,22 @@ def test_cells_share_one_kernel_with_a_clean_namespace_and_fresh_kernels_do_not(
     assert f.variant.nunique() == 3 and set(f.score) == {1.0}                  # a process per cell
     assert (w.nll == 0).all() and (f.nll == 0).all()                           # no name of a previous cell
     assert all((c.dir / "executed.ipynb").exists() for c in warm.done)         # each cell's record
+    assert set(w.model) == set(f.model) == {"fixture-in-sweep-1"}             # kernels know they run a sweep cell
+
+
+def test_prewarm_runs_its_code_in_the_kernel_the_cells_then_use(tmp_path):
+    """`make demo` starts its sweep's kernel early (imports + model load beside its calibration): the cells must
+    run in that kernel, after the code, with none of its names left in their namespace."""
+    code = ("import sys\nc = sys.modules.setdefault('_warm_fixture_counter', type(sys)('_warm_fixture_counter'))\n"
+            "c.n = 10\nleft_by_previous_cell = True")
+    thread = prewarm(FIX / "warm.yaml", tmp_path / "out", code)
+    thread.join()
+    report = run_sweep(FIX / "warm.yaml", tmp_path / "out")
+    shutdown()
+    rows = load_results(tmp_path / "out")
+    assert report.ok and sorted(rows.score) == [11.0, 12.0, 13.0]                # after the code, in its process
+    assert rows.variant.nunique() == 1 and (rows.nll == 0).all()                 # one kernel, clean namespaces
+    assert prewarm(FIX / "warm.yaml", tmp_path / "out", code) is None            # nothing left to run: no kernel
 
 
 def test_a_dead_kernel_fails_its_cell_and_the_next_cell_gets_a_new_one(tmp_path):

@@ -148,17 +148,33 @@ def run_cell(task: dict) -> dict:
 def _run_notebook(task: dict, cell_dir: Path) -> None:
     import papermill as pm  # lazy: papermill and its kernels only for notebook sweeps
 
-    engine = {}
-    if task.get("warm"):   # this worker's kernel: imports and loaded models carry over between cells
-        from .warm_kernel import ENGINE, warm_manager  # lazy: registers a papermill engine
-        engine = dict(engine_name=ENGINE, km=warm_manager("python3", task["cwd"]))
-    with env_set(NPUMOE_IN_SWEEP="1"):   # the kernel inherits it: no bars in executed notebooks
+    # the kernel inherits NPUMOE_IN_SWEEP (a warm one when it starts): no progress bars in executed notebooks
+    with env_set(NPUMOE_IN_SWEEP="1"):
+        engine = {}
+        if task.get("warm"):   # this worker's kernel: imports and loaded models carry over between cells
+            from .warm_kernel import ENGINE, warm_manager  # lazy: registers a papermill engine
+            engine = dict(engine_name=ENGINE, km=warm_manager("python3", task["cwd"]))
         pm.execute_notebook(task["notebook"], str(cell_dir / "executed.ipynb"), kernel_name="python3",
                             parameters={**task["params"], "out_dir": str(cell_dir)}, cwd=task["cwd"],
                             progress_bar=False, extra_arguments=KERNEL_ARGS, **engine)
 
 
 LABEL_FIRST = ("variants", "variant", "platforms", "platform", "workload", "prompt_len", "chunk")
+
+
+def prewarm(yaml_path, out_dir, code: str):
+    """Start the warm kernel this process's next `run_sweep(yaml_path, out_dir, workers=1)` will use, and run
+    `code` in it (e.g. the cells' imports and model load) while the caller goes on; returns a thread to join before
+    the sweep (the first cell's namespace reset waits for `code` anyway). None when no cell is left to run or the
+    sweep's cells are not notebooks."""
+    spec = load_spec(yaml_path)
+    cells = Path(out_dir).resolve() / "cells"
+    if spec.kind != "notebook" or all((cells / cell_key(p) / DONE).exists() for p in spec.cells()):
+        return None
+    from .warm_kernel import prewarm as start  # lazy: registers a papermill engine
+    _kernel_env()
+    with env_set(NPUMOE_IN_SWEEP="1"):
+        return start("python3", str(spec.notebook.parent), code)
 
 
 def cell_label(params: dict) -> str:

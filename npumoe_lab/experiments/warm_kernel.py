@@ -10,6 +10,7 @@ died (or was killed with its cell) is replaced by a fresh one at the next cell.
 from __future__ import annotations
 
 import atexit
+import threading
 
 from papermill.clientwrap import PapermillNotebookClient
 from papermill.engines import NBClientEngine, papermill_engines
@@ -41,6 +42,26 @@ def warm_manager(kernel_name: str, cwd: str):
     else:
         _run_sync(_reset)(km)
     return km
+
+
+def prewarm(kernel_name: str, cwd: str, code: str) -> threading.Thread:
+    """Start the warm kernel of (kernel_name, cwd) now and run `code` in it from a background thread, so that its
+    start-up (imports, a model load) overlaps the caller's own work. The first cell's namespace reset queues
+    behind `code` in the kernel. Returns the thread (join it before relying on the kernel being idle)."""
+    km = warm_manager(kernel_name, cwd)
+    thread = threading.Thread(target=lambda: _run_sync(_execute)(km, code), name="npumoe-prewarm", daemon=True)
+    thread.start()
+    return thread
+
+
+async def _execute(km, code: str, timeout: float = 300) -> None:
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=timeout)
+        await kc.execute_interactive(code, timeout=timeout, output_hook=lambda msg: None)
+    finally:
+        kc.stop_channels()
 
 
 async def _reset(km, timeout: float = 60) -> None:
@@ -88,4 +109,4 @@ class WarmEngine(NBClientEngine):
 
 papermill_engines.register(ENGINE, WarmEngine)
 
-__all__ = ["warm_manager", "shutdown", "WarmEngine", "ENGINE"]
+__all__ = ["warm_manager", "prewarm", "shutdown", "WarmEngine", "ENGINE"]
