@@ -58,7 +58,7 @@ def test_policy_parts_smoke(monkeypatch):
     model, tok, plans = policy.two_layer_setup(torch.float32, chunk=64, tokens=256, smoke=True)
     assert "of the first" in policy.attach_cost(model, plans, repeats=1)
     table = policy.chunked_prefill(model, tok, plans[0], [128], repeats=1, chunk=64)
-    assert table.count("| 128 |") == 4
+    assert table.count("| 128 |") == 6 and "oracle" in table
     line = policy.fp16_groups(torch.float32, repeats=1, G=4, C=8, geometry="smoke", tiny=False)
     errs = [float(e) for e in re.findall(r"(?:emulated|native) ([0-9.]+e-[0-9]+)", line)]
     assert len(errs) == 2 and max(errs) <= 2 ** -10, line
