@@ -203,29 +203,31 @@ def paper_scale_section(out: Path) -> tuple[str, list]:
 def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
     import yaml
 
-    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
-    from ..cpu_features import resolve_dtype
-    from ..models import load_model, model_fingerprint
-    from ..variants import VARIANTS
-    from ..plan import variant_plan
-    from .runner import PLAN_KNOBS, calibration_profile
-    from .store import load_results
+    t0 = time.time()
+    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick); the sweep's first, so that
+    # its kernel starts before this process imports the rest
     from .sweep import prewarm, run_sweep
     from .sweep_spec import load_spec
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    # the simulated rows are redrawn below; last run's must not mix into the sweep's figures (make_all_figures(out))
-    shutil.rmtree(out / "paper-scale", ignore_errors=True)
     kernel_env()
-    t0 = time.time()
     spec = load_spec(sweep)
     p = spec.parameters
     chunks = spec.grid.get("chunk", [p.get("chunk", 256)])
     model_name = p.get("model", "tiny")
-    # the sweep's kernel starts now and imports + loads the cells' model while this process calibrates (nothing is
-    # timed before the sweep); workers > 1 start their own kernels
+    # the sweep's kernel starts now and imports + loads the cells' model while this process imports, loads and
+    # calibrates (nothing is timed before the sweep); workers > 1 start their own kernels
     warming = prewarm(sweep, out / "sweep", WARM_UP.format(model=model_name, dtype=p.get("dtype", "auto"))) \
         if workers == 1 else None
+    # lazy, as above: torch, transformers and the engine load while the kernel starts
+    from ..cpu_features import resolve_dtype
+    from ..models import load_model, model_fingerprint
+    from ..plan import variant_plan
+    from ..variants import VARIANTS
+    from .runner import PLAN_KNOBS, calibration_profile
+    from .store import load_results
+    # the simulated rows are redrawn below; last run's must not mix into the sweep's figures (make_all_figures(out))
+    shutil.rmtree(out / "paper-scale", ignore_errors=True)
     # the cells' dtype (05_baselines: nb.load(model, dtype)), so their calibration and plans are these
     model, tok = load_model(model_name, dtype=resolve_dtype(p.get("dtype", "auto")))
     print(f"[demo] calibrating {model_name} ({p.get('calib_workload', 'mixed')}, "
@@ -248,7 +250,7 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
     del model
     if warming is not None:
         warming.join()
-    stages = {"start, model load, calibration and plans": time.time() - t0}
+    stages = {"imports, model load, calibration and plans": time.time() - t0}
     print(f"[demo] running the sweep {sweep} ({len(spec.cells())} cells) ...", flush=True)
     report = run_sweep(sweep, out / "sweep", workers=workers)
     stages["sweep"] = time.time() - t0 - sum(stages.values())
