@@ -75,3 +75,44 @@ def test_dtype_asked_for_a_loaded_model_of_another_dtype_is_an_error(standin):  
     with pytest.raises(NpuMoeError, match="load_model"):
         run_experiment(model=load_model(str(standin), dtype="fp32"), workload="lm-heldout", variants="reference",
                        platforms="m2-max", dtype="bf16")
+
+
+def test_a_plan_with_every_group_on_the_cpu_shares_the_dynamic_forward(standin, tmp_path, monkeypatch):  # noqa: F811
+    """npumoe whose residency keeps no group on the NPU (the cost rule on M2 Ultra, or on M2 Max for the bundled
+    model) computes what anemll computes: its modeled rows come from that forward, and equal its own forwards'."""
+    from npumoe_lab.experiments.shared_numerics import all_cold, numerics_key
+    from npumoe_lab.plan import variant_plan
+    from npumoe_lab.variants import get_variant
+    monkeypatch.setenv("NPUMOE_CACHE", str(tmp_path / "cache"))
+    calls = []
+    real = runner.run_prefill
+
+    def counting(model, ids, config, **kw):
+        calls.append(config.platform.name)
+        return real(model, ids, config, **kw)
+    monkeypatch.setattr(runner, "run_prefill", counting)
+    kw = dict(model=str(standin), workload="lm-heldout", variants="anemll,npumoe,npumoe-spill,npumoe-tg",
+              platforms="cpu,m2-max", prompt_len=256, chunk=128, n_samples=2, repeats=1, calib_tokens=1024,
+              warmup=0, residency="threshold", hot_threshold=1e9)      # no group is that hot: all on the CPU
+    shared = run_experiment(**kw)
+    n_shared = list(calls)
+    calls.clear()
+    alone = run_experiment(**kw, share_numerics=False)
+    # m2-max: anemll, npumoe and npumoe-spill from the measured anemll forward; npumoe-tg (residency "all") its own
+    assert n_shared.count("m2-max") == 2 and calls.count("m2-max") == 4 * 2
+    keys = ["variant", "platform", "repeat"]
+    a, b = shared.set_index(keys).sort_index(), alone.set_index(keys).sort_index()
+    cols = ["ttft_s", "energy_j", "n_npu_calls", "drop_rate", "pad_rate", "score", "kl", "top1_agree"]
+    modeled = a.index.get_level_values("platform") == "m2-max"
+    pd.testing.assert_frame_equal(a.loc[modeled, cols], b.loc[modeled, cols], rtol=1e-9)
+    calls_of = a.loc[modeled, "n_npu_calls"].droplevel(["platform", "repeat"])
+    assert calls_of["npumoe"] == calls_of["npumoe-spill"] == calls_of["anemll"] < calls_of["npumoe-tg"]  # attention
+    # the key: a plan with one resident group is not the dynamic path
+    m = nl.load_model(str(standin), dtype="fp32")[0]
+    prof = runner.calibration_profile(m, nl.load_model(str(standin), dtype="fp32")[1], "mixed", 128, 1024, 0)
+    cold = variant_plan(prof, "npumoe", m, platform="m2-max", residency="threshold", hot_threshold=1e9)
+    hot = variant_plan(prof, "npumoe-tg", m, platform="m2-max")
+    config = PrefillConfig("m2-max", 128, attention="npu")
+    assert all_cold(cold) and not all_cold(hot)
+    assert numerics_key(get_variant("npumoe"), cold, config) == numerics_key(get_variant("anemll"), None, config)
+    assert numerics_key(get_variant("npumoe-tg"), hot, config) != numerics_key(get_variant("anemll"), None, config)

@@ -21,10 +21,26 @@ from ..runtime import PrefillConfig, PrefillResult, finish
 def numerics_key(variant, plan, config: PrefillConfig) -> tuple:
     """What decides a variant's numbers (and its ops' costs) on a platform: equal keys, equal logits and ops."""
     costs = (config.dtype_bytes, config.npu_weight_bytes)       # element sizes the recorded op costs used
-    if variant.experts in ("hf", "dynamic"):          # no NPU precision, no static shapes: platform-independent
+    if variant.experts == "hf":                       # no NPU precision, no static shapes: platform-independent
         return (variant.name, variant.attention) + costs
+    if variant.experts == "dynamic" or all_cold(plan):
+        # every expert on the dynamic dropless CPU path (the runner's executors run cold experts dynamically): a
+        # plan whose residency kept no group on the NPU has no static group, so no capacity, overflow, saliency or
+        # NPU precision takes effect, and it computes and records exactly what the dynamic variant with the same
+        # attention placement does (npumoe on a platform whose cost rule keeps every group on the CPU = anemll)
+        return ("dynamic", variant.attention) + costs
     # plan variants: the plan, the NPU's precision, and the padding mode (computed only when measured)
     return (variant.name, getattr(plan, "hash", None), str(config.npu_dtype), config.measured, variant.spill) + costs
+
+
+def all_cold(plan) -> bool:
+    """True for a plan (or ExecutionLayout) whose every expert of every layer is in a non-resident group (an
+    expert in no group would get capacity 0, i.e. be dropped, not computed dynamically)."""
+    if plan is None:
+        return False
+    layout = plan.compile() if hasattr(plan, "compile") else plan
+    return all(not g.resident for lay in layout.layers for g in lay.groups) and \
+        all(len({e for g in lay.groups for e in g.experts}) == lay.n_experts for lay in layout.layers)
 
 
 @dataclass
@@ -55,4 +71,4 @@ def remodel(source: Numerics, config: PrefillConfig, geometry: ModelGeometry, n_
     return finish(res, config, n_tokens)
 
 
-__all__ = ["numerics_key", "Numerics", "remodel"]
+__all__ = ["numerics_key", "all_cold", "Numerics", "remodel"]
