@@ -5,14 +5,24 @@ import numpy as np
 import torch
 
 
-def logit_agreement(ref_logits: torch.Tensor, logits: torch.Tensor) -> dict:
-    """Next-token top-1 agreement and mean KL(ref || variant) over positions ([.., T, V] logits)."""
-    ref = ref_logits.reshape(-1, ref_logits.shape[-1]).float()
+class ReferenceLogits:
+    """A reference's log-probabilities and top-1 tokens, computed once and compared with many variants."""
+
+    def __init__(self, logits: torch.Tensor):
+        ref = logits.reshape(-1, logits.shape[-1]).float()
+        self.top1 = ref.argmax(-1)
+        self.logprobs = torch.log_softmax(ref, -1)
+
+
+def logit_agreement(ref_logits, logits: torch.Tensor) -> dict:
+    """Next-token top-1 agreement and mean KL(ref || variant) over positions ([.., T, V] logits); `ref_logits`
+    may be a ReferenceLogits (prepared once per reference)."""
+    ref = ref_logits if isinstance(ref_logits, ReferenceLogits) else ReferenceLogits(ref_logits)
     var = logits.reshape(-1, logits.shape[-1]).float()
-    top1 = (ref.argmax(-1) == var.argmax(-1)).float().mean().item()
-    lp_ref, lp_var = torch.log_softmax(ref, -1), torch.log_softmax(var, -1)
+    top1 = (ref.top1 == var.argmax(-1)).float().mean().item()
     # sum of exp(lp_ref) * (lp_ref - lp_var) in one pass (no [T, V] temporaries): 2.3x faster at 481 x 4096
-    kl = torch.nn.functional.kl_div(lp_var, lp_ref, reduction="sum", log_target=True).item() / ref.shape[0]
+    kl = torch.nn.functional.kl_div(torch.log_softmax(var, -1), ref.logprobs, reduction="sum",
+                                    log_target=True).item() / var.shape[0]
     return {"top1_agree": top1, "kl": max(kl, 0.0)}
 
 

@@ -24,7 +24,7 @@ from ..experts import attach, detach, dropless_executor, set_executor
 from ..geometry import ModelGeometry
 from ..knobs import PlanKnobs, add_knob_arguments, knobs_from_args
 from ..layout import ExecutionLayout
-from ..metrics import bootstrap_ci, logit_agreement
+from ..metrics import ReferenceLogits, bootstrap_ci, logit_agreement
 from ..models import describe, load_model, model_fingerprint
 from ..plan import Plan, variant_plan
 from ..runtime import PrefillConfig, check_context, chunked_prefill, run_prefill
@@ -145,9 +145,9 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
             res = chunked_prefill(model_obj, ids, chunk, pad_token_id=pad_id)
         else:
             res = run_prefill(model_obj, ids, ref_config, measure_hf_experts=True)
-        refs.append((res.logits, score(s, res)))
+        refs.append((ReferenceLogits(res.logits), score(s, res)))   # prepared once for every variant's agreement
         ref_numerics.append(Numerics(ref_plat.name if ref_plat else None, res.ops, res.stats, res.wall_s,
-                                     refs[-1][1], logit_agreement(res.logits, res.logits)))
+                                     refs[-1][1], logit_agreement(refs[-1][0], res.logits)))
     rows, tl_frames = [], []
     prov = provenance()
     geometry, shared = ModelGeometry.from_config(model_obj.config), {}   # numerics key -> per sample Numerics
