@@ -226,13 +226,16 @@ class PlanExecutor:
         dispatch, ev_pack = clock.run(op("dispatch", "dispatch", "cpu", memory_cost(n_assign * 16, "dispatch"),
                                          (n_assign,)), route)
         R = layout.total_rows
+        skip = self._skip_padding(ctx)
+        # modeled cost: the static buffer's, padding included; skipping padding, its rows are neither written
+        # nor computed nor read (a group's bmm may run over some of them: outputs that are never scattered)
         packed, ev_pack = clock.run(op("pack", "pack", "cpu", memory_cost(2 * R * H * b, "pack"), (R, H)),
                                     pack if num else None, hidden,
                                     dispatch, self._work.get("packed", (R, H), hidden.dtype, hidden.device)
-                                    if num else None, deps=(ev_pack,))
+                                    if num else None, not skip, deps=(ev_pack,))
         out = self._work.get("out", (R, H), hidden.dtype, hidden.device) if num else None
         group_events = []
-        fill = torch.minimum(dispatch.load.cpu(), layout.capacity).tolist() if self._skip_padding(ctx) else None
+        fill = torch.minimum(dispatch.load.cpu(), layout.capacity).tolist() if skip else None
         for j, gs in enumerate(layout.groups):
             G = len(gs.experts)
             role = "npu" if gs.resident else "cpu"

@@ -157,13 +157,20 @@ def _no_autograd(*tensors) -> bool:
     return not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors)
 
 
-def pack(hidden: torch.Tensor, dispatch: Dispatch, out: torch.Tensor | None = None) -> torch.Tensor:
+def pack(hidden: torch.Tensor, dispatch: Dispatch, out: torch.Tensor | None = None,
+         zero_padding: bool = True) -> torch.Tensor:
     """[T, H] -> [R, H] packed buffer; padded rows are zero. One gather (into `out`, e.g. a reused buffer) and
-    the padded rows zeroed in place: no copy of the whole hidden states with an appended zero row."""
+    the padded rows zeroed in place: no copy of the whole hidden states with an appended zero row.
+    `zero_padding=False` (into `out`): only the filled rows are written, the padding rows keep whatever `out`
+    held - for callers that never compute or read them (the engine when it skips padding: a static plan that is
+    80 % padding then moves a fifth of the rows)."""
     T, H = hidden.shape
     src = dispatch.src_token
     if T == 0:
         return hidden.new_zeros(src.numel(), H) if out is None else out.zero_()
+    if not zero_padding and out is not None and _no_autograd(hidden):
+        filled = torch.nonzero(src >= 0).flatten()
+        return out.index_copy_(0, filled, hidden.index_select(0, src[filled]))
     if out is not None and _no_autograd(hidden):
         torch.index_select(hidden, 0, src.clamp_min(0), out=out)    # padded rows read token 0 ...
     else:
