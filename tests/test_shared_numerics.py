@@ -21,6 +21,17 @@ torch.set_num_threads(1)
 SUMMARY = ["ttft_s", "energy_j", "cpu_busy_s", "npu_busy_s", "n_npu_calls", "drop_rate", "pad_rate"]
 
 
+def prefills_counted(monkeypatch) -> list:
+    """The platform of every forward the runner runs (run_prefill), in order."""
+    calls, real = [], runner.run_prefill
+
+    def counting(model, ids, config, **kw):
+        calls.append(config.platform.name)
+        return real(model, ids, config, **kw)
+    monkeypatch.setattr(runner, "run_prefill", counting)
+    return calls
+
+
 @pytest.mark.parametrize("attached", [False, True])
 def test_remodelled_timeline_equals_a_modeled_forward(attached):
     model = tiny_model("qwen3_moe", seed=8)
@@ -44,13 +55,7 @@ def test_remodelled_timeline_equals_a_modeled_forward(attached):
 def test_runner_shares_forwards_between_platforms_and_records_dtype(standin, tmp_path, monkeypatch):  # noqa: F811
     monkeypatch.setenv("NPUMOE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("NPUMOE_CPU_FLAGS", "avx2,fma")          # the AVX2-only EPYC: fp32 is the fast dtype
-    calls = []
-    real = runner.run_prefill
-
-    def counting(model, ids, config, **kw):
-        calls.append(config.platform.name)
-        return real(model, ids, config, **kw)
-    monkeypatch.setattr(runner, "run_prefill", counting)
+    calls = prefills_counted(monkeypatch)
     kw = dict(model=str(standin), workload="lm-heldout", variants="reference,cpu-only,npumoe-tg",
               platforms="cpu,m2-max", prompt_len=256, chunk=128, n_samples=2, repeats=2, calib_tokens=1024, warmup=0)
     shared = run_experiment(**kw)
@@ -84,13 +89,7 @@ def test_a_plan_with_every_group_on_the_cpu_shares_the_dynamic_forward(standin, 
     from npumoe_lab.plan import variant_plan
     from npumoe_lab.variants import get_variant
     monkeypatch.setenv("NPUMOE_CACHE", str(tmp_path / "cache"))
-    calls = []
-    real = runner.run_prefill
-
-    def counting(model, ids, config, **kw):
-        calls.append(config.platform.name)
-        return real(model, ids, config, **kw)
-    monkeypatch.setattr(runner, "run_prefill", counting)
+    calls = prefills_counted(monkeypatch)
     kw = dict(model=str(standin), workload="lm-heldout", variants="anemll,npumoe,npumoe-spill,npumoe-tg",
               platforms="cpu,m2-max", prompt_len=256, chunk=128, n_samples=2, repeats=1, calib_tokens=1024,
               warmup=0, residency="threshold", hot_threshold=1e9)      # no group is that hot: all on the CPU
