@@ -227,8 +227,8 @@ class PlanExecutor:
                                          (n_assign,)), route)
         R = layout.total_rows
         skip = self._skip_padding(ctx)
-        # modeled cost: the static buffer's, padding included; skipping padding, its rows are neither written
-        # nor computed nor read (a group's bmm may run over some of them: outputs that are never scattered)
+        # modeled cost: the static buffer's, padding included; skipping padding, its rows are not zeroed (nothing
+        # computed from them is read: a group's bmm may run over some, into outputs that are never scattered)
         packed, ev_pack = clock.run(op("pack", "pack", "cpu", memory_cost(2 * R * H * b, "pack"), (R, H)),
                                     pack if num else None, hidden,
                                     dispatch, self._work.get("packed", (R, H), hidden.dtype, hidden.device)
