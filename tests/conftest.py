@@ -14,7 +14,7 @@ torch.set_num_threads(1)
 SLOW_MODULES = {"test_notebooks", "test_browser", "test_sweep", "test_bench", "test_tiny_model", "test_simulate",
                 "test_accuracy", "test_workloads", "test_graphs", "test_graphs_coreml", "test_onnxruntime_device",
                 "test_runner", "test_calibration", "test_models_parity", "test_papercheck", "test_adaptive",
-                "test_tune_model"}
+                "test_tune_model", "test_demo"}
 
 
 def pytest_collection_modifyitems(config, items):
