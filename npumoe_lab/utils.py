@@ -46,6 +46,13 @@ def hf_progress():
             hf_logging.enable_progress_bar()
 
 
+def kernel_env() -> None:
+    """Child kernels (papermill, sweeps) import this checkout's npumoe_lab whatever their working directory."""
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(REPO_ROOT) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *paths])
+
+
 @contextlib.contextmanager
 def env_set(**values):
     """Environment variables set for the duration of the block (child processes started in it inherit them)."""

@@ -40,7 +40,7 @@ def _bundled_model_or_skip():
 def kernel_env(tmp_path_factory):
     """Environment of the papermill kernels (restored after this module): this checkout first on the path, quiet
     progress bars, one calibration cache for the module."""
-    from npumoe_lab.experiments.demo import kernel_env as set_path
+    from npumoe_lab.utils import kernel_env as set_path
     saved = dict(os.environ)
     set_path()
     os.environ["NPUMOE_NO_PROGRESS"] = "1"

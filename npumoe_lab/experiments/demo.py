@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import shutil
 import sys
 import time
@@ -21,7 +20,7 @@ import pandas as pd
 from ..errors import NpuMoeError
 from ..plot_helpers import default_knobs
 from ..stats import change_statement
-from ..utils import REPO_ROOT
+from ..utils import REPO_ROOT, kernel_env
 from .outdir import check_writable
 
 DEMO_SWEEP = REPO_ROOT / "sweeps" / "demo.yaml"
@@ -44,13 +43,6 @@ SUMMARY_COLUMNS = ("ttft_s", "energy_per_token_mj", "cpu_cycles", "n_npu_calls",
 
 
 # -- the demo ---------------------------------------------------------------------------------------------------
-def kernel_env() -> None:
-    """Papermill kernels must import this checkout's package whatever their working directory."""
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if str(REPO_ROOT) not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *paths])
-
-
 def summary_markdown(df: pd.DataFrame, sources: dict) -> str:
     """SUMMARY.md: variant x platform table (medians over cells/repeats) + ablation ratios next to the paper's."""
     # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)

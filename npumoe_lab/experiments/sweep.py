@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import NpuMoeError
-from ..utils import REPO_ROOT, env_set, progress, sha256_json
+from ..utils import env_set, kernel_env, progress, sha256_json
 from .atomic import atomic_open, write_json
 from .sweep_record import die_with_parent, merge_sweep_json
 from .sweep_spec import cell_key, load_spec, read_notebook
@@ -117,7 +117,7 @@ def run_cell(task: dict) -> dict:
     cell's own error."""
     cell_dir = Path(task["cell_dir"])
     cell_dir.mkdir(parents=True, exist_ok=True)
-    _kernel_env()
+    kernel_env()
     with _cell_lock(cell_dir):
         if (cell_dir / DONE).exists():  # finished by another (orphaned or concurrent) run meanwhile
             return {"status": "skipped"}
@@ -172,7 +172,7 @@ def prewarm(yaml_path, out_dir, code: str):
     if spec.kind != "notebook" or all((cells / cell_key(p) / DONE).exists() for p in spec.cells()):
         return None
     from .warm_kernel import prewarm as start  # lazy: registers a papermill engine
-    _kernel_env()
+    kernel_env()
     with env_set(NPUMOE_IN_SWEEP="1"):
         return start("python3", str(spec.notebook.parent), code)
 
@@ -220,13 +220,6 @@ def _outcome(task: dict, result) -> CellOutcome:
         result = {"status": "failed", "error": error}
     return CellOutcome(task["key"], task["params"], cell_dir, result["status"], result.get("duration_s"),
                        result.get("error"))
-
-
-def _kernel_env() -> None:
-    """Kernels (children of this process) import the same npumoe_lab checkout as the runner, whatever their cwd."""
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if str(REPO_ROOT) not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *paths])
 
 
 def _snapshot_notebook(spec, folder: Path) -> Path:
