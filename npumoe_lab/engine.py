@@ -96,7 +96,10 @@ class PlanExecutor:
         elif isinstance(self.npu_backend, str):   # an external static-graph runtime plays the NPU
             from .backends import get_npu_backend   # lazy: pulls in the graph builders (onnx, coremltools)
             self.npu_backend = get_npu_backend(self.npu_backend)
-        self._work = Workspace()  # packed/out/gather buffers reused across calls and layers (no page faults)
+        # packed/out/gather buffers reused across calls and layers (no page faults); like the packed weights they
+        # belong to the model, so a re-attach reuses them: fresh ones cost ~0.1 s of page faults per prefill at
+        # Qwen3-30B-A3B geometry (190 MB of zero-filled pages, bench/RESULTS.md)
+        self._work = prepared(self.handles[0].module, ("workspace",), Workspace) if self.handles else Workspace()
 
     # -- static part, built once per layer: the "compiled graphs" -----------------------------------------
     def static_layout(self, layer: int):

@@ -6,7 +6,8 @@ the options. So the prepared copies are kept on the experts module itself, keyed
 every later attach with any plan reuses them. They are dropped as soon as the module's weights change: the key
 includes each parameter's storage address and autograd version counter, which in-place updates (`load_state_dict`,
 an optimizer step, `p.copy_`), replaced parameters and dtype/device moves all change. HF's own parameters are
-never modified; `detach` leaves them as they were.
+never modified; `detach` leaves them as they were. The engine's scratch buffers (packing.Workspace) live here
+too: fresh ones are zero-filled pages on every prefill, so an attachment of its own would pay that each time.
 """
 from __future__ import annotations
 
