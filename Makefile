@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)
 export NPUMOE_THREADS ?= 2
 
-.PHONY: setup test test-fast test-slow demo bench lock clean-venv notebooks
+.PHONY: setup test test-fast test-slow demo bench bench-rounds lock clean-venv notebooks
 
 setup: $(STAMP)
 
@@ -36,6 +36,11 @@ demo: setup
 bench: setup
 	$(BIN)/python bench/moe_layer.py $(BENCH_ARGS)
 	$(BIN)/python bench/sim_grid.py
+
+# issue 17's targets over ROUNDS fresh processes (median, range, rounds meeting each): ~2.5 min a round quiet
+ROUNDS ?= 5
+bench-rounds: setup
+	$(BIN)/python bench/rounds.py --rounds $(ROUNDS) $(ROUNDS_ARGS)
 
 notebooks: setup
 	$(BIN)/jupytext --sync notebooks/*.py

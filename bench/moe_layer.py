@@ -29,6 +29,7 @@ repeat so machine noise hits them alike). `--only calib|prefill` runs bench/pref
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -352,6 +353,20 @@ def markdown(rows) -> str:
     return "\n".join(out)
 
 
+def layer_checks(rows, checks: list) -> None:
+    """Issue 17's per-layer targets from the table's rows: the plan on the CPU (padding skipped) >= 1.25x HF eager,
+    and computing the padding costs at most slots / filled rows (= 1 / (1 - pad fraction)) times skipping it."""
+    from policy import record
+    by = {(r["geometry"], r["dtype"], r["chunk"], r["variant"]): r for r in rows}
+    for (g, d, c, v), r in by.items():
+        if v != "static-3tier-cpu" or (g, d, c, "static-3tier") not in by:
+            continue
+        comp = by[(g, d, c, "static-3tier")]
+        record(checks, f"layer {g} {d} {c}: padding skipped vs HF eager", r["vs_eager"], ">=", 1.25)
+        record(checks, f"layer {g} {d} {c}: padding computed / skipped", comp["median_ms"] / r["median_ms"], "<=",
+               1 / (1 - comp["pad_pct"] / 100))
+
+
 def provenance(threads) -> str:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
@@ -387,6 +402,7 @@ def parse_args(argv=None):
     p.add_argument("--prefill-drop-budget", type=float, default=0.005, help="held-out drop budget of the prefill plan")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="", help="also write the markdown report here")
+    p.add_argument("--json", default="", help="also write the issue-17 targets as data here (bench/rounds.py)")
     return p.parse_args(argv)
 
 
@@ -397,8 +413,9 @@ def main(argv=None):
     args.dtypes = ",".join(dtype_name(fast_dtype()) if d == "auto" else d for d in args.dtypes.split(","))
     only = {"layer", "calib", "prefill", "policy"} if args.only == "all" else set(args.only.split(","))
     import policy
-    report = [f"# npumoe-lab CPU benchmark: {provenance(args.threads)}", "",
-              policy.cpu_line(DTYPES[args.dtypes.split(",")[0]]), ""]
+    checks = []          # issue 17's targets as data (--json)
+    cpu = policy.cpu_line(DTYPES[args.dtypes.split(",")[0]])
+    report = [f"# npumoe-lab CPU benchmark: {provenance(args.threads)}", "", cpu, ""]
     if "layer" in only:
         geoms = [g for g in GEOMETRIES if g != "smoke"] if args.geometry == "all" else args.geometry.split(",")
         dtypes = args.dtypes.split(",")
@@ -413,6 +430,7 @@ def main(argv=None):
         report += ["", markdown(rows), ""]
         report += [f"- dense GEMM peak {d}: {p / 1e9:.0f} GFLOP/s, memory read {b / 1e9:.1f} GB/s (measured)"
                    for d, (p, b) in peaks.items()]
+        layer_checks(rows, checks)
         seen = set()
         for r in rows:
             if (r["geometry"], r["dtype"], r["chunk"]) not in seen:
@@ -427,15 +445,20 @@ def main(argv=None):
     if "policy" in only:     # issue 17: attach cost, 2-layer chunked prefill, fp16 emulation (policy.py)
         dtype = DTYPES[args.dtypes.split(",")[0]]
         model, tok, plans = policy.two_layer_setup(dtype)
-        report += ["", policy.attach_cost(model, plans),
+        report += ["", policy.attach_cost(model, plans, checks=checks),
                    "", policy.chunked_prefill(model, tok, plans[0], [int(p) for p in args.prompts.split(",")],
-                                              args.repeats)]
+                                              args.repeats, checks=checks)]
         del model
-        report += ["", policy.fp16_groups(dtype, min(args.repeats, 3))]
+        report += ["", policy.fp16_groups(dtype, min(args.repeats, 3), checks=checks)]
     text = "\n".join(report)
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
+    if args.json:
+        from npumoe_lab.cpu_features import row_fields
+        Path(args.json).write_text(json.dumps(dict(provenance=provenance(args.threads), cpu=cpu,
+                                                   **row_fields(DTYPES[args.dtypes.split(",")[0]]), checks=checks),
+                                              indent=1) + "\n")
 
 
 class _Lines:

@@ -48,6 +48,14 @@ def cpu_flags(flags: str):
             os.environ[cpu_features.ENV_FLAGS] = old
 
 
+def record(checks: list | None, name: str, value: float, op: str, threshold: float, info: bool = False) -> None:
+    """One issue-17 target as data (`moe_layer.py --json`, bench/rounds.py): `value op threshold` must hold;
+    `info`: not a target itself, read beside one (e.g. the same ratio at equal work)."""
+    if checks is not None:
+        checks.append(dict(check=name, value=float(value), op=op, threshold=float(threshold), info=info,
+                           holds=bool(value >= threshold if op == ">=" else value <= threshold)))
+
+
 # -- a 2-layer model at Qwen3-30B-A3B geometry with plans calibrated on the bundled text ---------------------
 def two_layer_setup(dtype, chunk: int = 512, tokens: int = 4096, smoke: bool = False):
     """(model, tokenizer, [3-tier plan, 2-tier plan]); `smoke`: a small model of the same family (tests)."""
@@ -74,7 +82,7 @@ def _small_model(dtype):
                                             experts_implementation="eager").eval().requires_grad_(False)
 
 
-def attach_cost(model, plans, repeats: int = 3) -> str:
+def attach_cost(model, plans, repeats: int = 3, checks: list | None = None) -> str:
     import npumoe_lab as nl
     from npumoe_lab.weight_cache import forget
     from npumoe_lab.models import find_moe_blocks
@@ -92,12 +100,13 @@ def attach_cost(model, plans, repeats: int = 3) -> str:
         seconds.append(time.perf_counter() - t0)
         nl.detach(model)
     f, s = statistics.median(firsts), statistics.median(seconds)
+    record(checks, "second attach, % of the first", 100 * s / f, "<=", 5)
     return (f"Attach (2-layer Qwen3-30B-A3B geometry, {repeats} times each, medians): first attach {1e3 * f:.0f} ms "
             f"(group weights, every expert packed), second attach with another plan and options {1e3 * s:.1f} ms: "
             f"**{100 * s / f:.2f} %** of the first (target < 5 %).")
 
 
-def chunked_prefill(model, tok, plan, prompts, repeats: int, chunk: int = 512) -> str:
+def chunked_prefill(model, tok, plan, prompts, repeats: int, chunk: int = 512, checks: list | None = None) -> str:
     import npumoe_lab as nl
     from npumoe_lab.workloads import get_workload
     lines = ["| prompt | variant | median s | IQR s | vs HF eager | pad % of slots | drop % | computed / skipped | "
@@ -129,6 +138,13 @@ def chunked_prefill(model, tok, plan, prompts, repeats: int, chunk: int = 512) -
         t_e = statistics.median(ts["HF eager"])
         t_skip = statistics.median(ts["static, padding skipped (CPU)"])
         pad = summ["static, padding computed (static graphs)"]["pad_rate"]
+        t_comp = statistics.median(ts["static, padding computed (static graphs)"])
+        record(checks, f"2-layer prefill {prompt}: padding skipped vs HF eager", t_e / t_skip, ">=", 1.25)
+        record(checks, f"2-layer prefill {prompt}: padding computed / skipped", t_comp / t_skip, "<=", 1 / (1 - pad))
+        for what, name in (("oracle plan", "static fitted to this prompt (oracle), padding skipped (CPU)"),
+                           ("overflow spilled", "static, padding skipped, overflow spilled (CPU, dropless)")):
+            record(checks, f"2-layer prefill {prompt}: {what} vs HF eager (equal work)",
+                   t_e / statistics.median(ts[name]), ">=", 1.25, info=True)
         for name, v in ts.items():
             m, iqr = med_iqr(v)
             s = summ[name]
@@ -160,7 +176,7 @@ def _reference_group(experts, G: int, x: torch.Tensor) -> np.ndarray:
 
 @torch.no_grad()
 def fp16_groups(dtype, repeats: int = 3, G: int = 8, C: int = 64, geometry: str = "qwen3-30b-a3b",
-                tiny: bool = True) -> str:
+                tiny: bool = True, checks: list | None = None) -> str:
     from npumoe_lab.engine import _run_group
     from npumoe_lab.models.weights import expert_weights
     from npumoe_lab.numerics import EmulatedFp16Weights, npu_layer_weights, select
@@ -187,7 +203,9 @@ def fp16_groups(dtype, repeats: int = 3, G: int = 8, C: int = 64, geometry: str 
                   f"({flops / te / 1e9:.0f} GFLOP/s): **{tn / te:.1f}x** (target >= 10x on a CPU without native fp16). "
                   f"Max |error| / max |reference| vs float64 on fp16 operands: emulated {err['emulated']:.2e}, native "
                   f"{err['native']:.2e} (tolerance 2^-10 = {2 ** -10:.2e}).")
-    return group_line + ("\n\n" + _modeled_tiny(repeats) if tiny else "")
+    record(checks, "fp16 groups: max error / max |reference| (emulated)", err["emulated"], "<=", 2 ** -10)
+    record(checks, "fp16: one large group, emulated vs native", tn / te, ">=", 10, info=True)
+    return group_line + ("\n\n" + _modeled_tiny(repeats, checks) if tiny else "")
 
 
 def dtype_str(dtype):
@@ -195,7 +213,7 @@ def dtype_str(dtype):
 
 
 @torch.no_grad()
-def _modeled_tiny(repeats: int) -> str:
+def _modeled_tiny(repeats: int, checks: list | None = None) -> str:
     """A modeled run (m2-max) of the bundled tiny model with the npumoe plan: its fp16 groups emulated vs native."""
     import npumoe_lab as nl
     from npumoe_lab.engine import PlanExecutor
@@ -230,6 +248,7 @@ def _modeled_tiny(repeats: int) -> str:
     diff = (f"logits emulated vs native: max |diff| {float(d.max()):.2e}, mean {float(d.mean()):.1e}, "
             f"{int((d.amax(-1) > 0.05).sum())} of {d.shape[1]} positions above 0.05, top-1 agreement {top1:.4f}")
     same = out["emulated"].summary["ttft_s"] == out["native"].summary["ttft_s"]
+    record(checks, "fp16: modeled tiny-model prefill, emulated vs native", tn / te, ">=", 10)
     return (f"Modeled prefill (m2-max, npumoe-tg plan, bundled tiny model fp32, 512 tokens, chunk 128; host wall time "
             f"measured, median of {repeats}): native fp16 groups {tn:.2f} s, emulated {te:.2f} s: **{tn / te:.1f}x**; "
             f"{diff}; modeled TTFT identical: {same}.")

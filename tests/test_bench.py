@@ -57,9 +57,41 @@ def test_policy_parts_smoke(monkeypatch):
     monkeypatch.setenv("NPUMOE_NO_PROGRESS", "1")
     model, tok, plans = policy.two_layer_setup(torch.float32, chunk=64, tokens=256, smoke=True)
     assert "of the first" in policy.attach_cost(model, plans, repeats=1)
-    table = policy.chunked_prefill(model, tok, plans[0], [128], repeats=1, chunk=64)
+    checks = []
+    table = policy.chunked_prefill(model, tok, plans[0], [128], repeats=1, chunk=64, checks=checks)
     assert table.count("| 128 |") == 6 and "oracle" in table
-    line = policy.fp16_groups(torch.float32, repeats=1, G=4, C=8, geometry="smoke", tiny=False)
+    targets = {c["check"]: c for c in checks if not c["info"]}
+    skip = targets["2-layer prefill 128: padding skipped vs HF eager"]
+    printed = re.search(r"\| 128 \| static, padding skipped \(CPU\) \| [^|]+\| [^|]+\| ([0-9.]+)x", table).group(1)
+    assert f"{skip['value']:.2f}" == printed and skip["holds"] == (skip["value"] >= 1.25)   # the table's ratio
+    assert len(checks) == 4 and targets["2-layer prefill 128: padding computed / skipped"]["threshold"] > 1
+    line = policy.fp16_groups(torch.float32, repeats=1, G=4, C=8, geometry="smoke", tiny=False, checks=checks)
+    assert checks[-2]["check"].startswith("fp16 groups: max error") and checks[-2]["holds"]
     errs = [float(e) for e in re.findall(r"(?:emulated|native) ([0-9.]+e-[0-9]+)", line)]
     assert len(errs) == 2 and max(errs) <= 2 ** -10, line
     assert "fp16" in policy.cpu_line(torch.float32)
+
+
+def test_layer_checks_and_rounds_summary_by_hand():
+    """bench/rounds.py's verdict: the median round against the target, k of N rounds meeting it (hand-made rounds)."""
+    import rounds
+    rows = [dict(geometry="g", dtype="bf16", chunk=512, variant="static-3tier", median_ms=150.0, pad_pct=25.0,
+                 vs_eager=0.8),
+            dict(geometry="g", dtype="bf16", chunk=512, variant="static-3tier-cpu", median_ms=100.0, pad_pct=0.0,
+                 vs_eager=1.3)]
+    checks = []
+    moe_layer.layer_checks(rows, checks)
+    assert [(c["value"], c["threshold"], c["holds"]) for c in checks] == [(1.3, 1.25, True), (1.5, 4 / 3, False)]
+
+    def doc(skip, comp, prov):
+        return dict(cpu="CPU: test", provenance=prov, loadavg=[1.0, 1.5, 1.0],
+                    checks=[dict(check="skip vs eager", value=skip, op=">=", threshold=1.25, holds=skip >= 1.25),
+                            dict(check="computed / skipped", value=comp, op="<=", threshold=1.5, holds=comp <= 1.5),
+                            dict(check="equal work", value=1.1, op=">=", threshold=1.25, holds=False, info=True)])
+    text = rounds.summarise([doc(1.20, 1.4, "t1, c"), doc(1.30, 1.45, "t2, c"), doc(1.26, 1.6, "t3, c")])
+    rows = {ln.split(" | ")[0].strip("| "): ln for ln in text.splitlines() if ln.startswith("| ")}
+    assert "| 1.26 | 1.20-1.30 | 2 of 3 | holds |" in rows["skip vs eager"]     # median 1.26 >= 1.25
+    assert "| 1.45 | 1.40-1.60 | 2 of 3 | holds |" in rows["computed / skipped"]
+    assert rows["equal work"].endswith("| 0 of 3 | info |")
+    one = rounds.summarise([doc(1.20, 1.4, "t1, c")])
+    assert "| 1.20 | 1.20-1.20 | 0 of 1 | **misses** |" in one and "load average" in one
