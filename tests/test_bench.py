@@ -66,7 +66,7 @@ def test_policy_parts_smoke(monkeypatch):
     assert f"{skip['value']:.2f}" == printed and skip["holds"] == (skip["value"] >= 1.25)   # the table's ratio
     assert len(checks) == 4 and targets["2-layer prefill 128: padding computed / skipped"]["threshold"] > 1
     line = policy.fp16_groups(torch.float32, repeats=1, G=4, C=8, geometry="smoke", tiny=False, checks=checks)
-    assert checks[-2]["check"].startswith("fp16 groups: max error") and checks[-2]["holds"]
+    assert checks[-2]["check"].startswith("fp16 groups: emulated max error") and checks[-2]["holds"]
     errs = [float(e) for e in re.findall(r"(?:emulated|native) ([0-9.]+e-[0-9]+)", line)]
     assert len(errs) == 2 and max(errs) <= 2 ** -10, line
     assert "fp16" in policy.cpu_line(torch.float32)
