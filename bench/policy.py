@@ -109,8 +109,8 @@ def attach_cost(model, plans, repeats: int = 3, checks: list | None = None) -> s
 def chunked_prefill(model, tok, plan, prompts, repeats: int, chunk: int = 512, checks: list | None = None) -> str:
     import npumoe_lab as nl
     from npumoe_lab.workloads import get_workload
-    lines = ["| prompt | variant | median s | IQR s | vs HF eager | pad % of slots | drop % | computed / skipped | "
-             "slots / filled rows |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| prompt | variant | median s | IQR s | vs HF eager | attention s | experts s | pad % of slots | drop % | "
+             "computed / skipped | slots / filled rows |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for prompt in prompts:
         ids = torch.tensor([get_workload("lm-heldout").samples(tok, prompt, 1, seed=3)[0].input_ids])
         # an oracle: tiers fitted to this prompt's own routing (what calibration gives when routing does not move)
@@ -124,7 +124,7 @@ def chunked_prefill(model, tok, plan, prompts, repeats: int, chunk: int = 512, c
                   "static fitted to this prompt (oracle), padding skipped (CPU)":
                       lambda: nl.attach(model, fitted, pad_rows="skip"),
                   "dropless, no plan (`attach(model)`)": lambda: nl.attach(model)}
-        ts, summ = {k: [] for k in setups}, {}
+        ts, summ, parts = {k: [] for k in setups}, {}, {k: [] for k in setups}
         for r in range(repeats + 1):                  # repeat 0: warm-up
             names = list(setups)
             for name in names[r % len(names):] + names[:r % len(names)]:
@@ -133,6 +133,7 @@ def chunked_prefill(model, tok, plan, prompts, repeats: int, chunk: int = 512, c
                 res = nl.prefill(model, ids, chunk=chunk, platform="cpu", attention="cpu")
                 if r:
                     ts[name].append(time.perf_counter() - t0)
+                    parts[name].append(op_split(res.events))
                 summ[name] = res.summary
         nl.detach(model)
         t_e = statistics.median(ts["HF eager"])
@@ -145,6 +146,13 @@ def chunked_prefill(model, tok, plan, prompts, repeats: int, chunk: int = 512, c
                            ("overflow spilled", "static, padding skipped, overflow spilled (CPU, dropless)")):
             record(checks, f"2-layer prefill {prompt}: {what} vs HF eager (equal work)",
                    t_e / statistics.median(ts[name]), ">=", 1.25, info=True)
+        split = {k: tuple(statistics.median(p[i] for p in v) for i in range(2)) for k, v in parts.items()}
+        (att_e, exp_e), (_, exp_s) = split["HF eager"], split["static, padding skipped (CPU)"]
+        # what HF's attention leaves to the experts: the ratio if the static row's experts took no time at all
+        record(checks, f"2-layer prefill {prompt}: experts alone, padding skipped vs HF eager", exp_e / exp_s, ">=",
+               1.25, info=True)
+        record(checks, f"2-layer prefill {prompt}: bound with free experts (HF eager / its non-expert time)",
+               t_e / (t_e - exp_e), ">=", 1.25, info=True)
         for name, v in ts.items():
             m, iqr = med_iqr(v)
             s = summ[name]
@@ -153,12 +161,27 @@ def chunked_prefill(model, tok, plan, prompts, repeats: int, chunk: int = 512, c
             extra = (f"{100 * s['pad_rate']:.1f} | {100 * s['drop_rate']:.2f} | "
                      + (f"{m / t_skip:.2f} | {1 / (1 - pad):.2f}" if "computed" in name else " | ")) \
                 if name != "HF eager" else " | | | "
-            lines.append(f"| {prompt} | {name} | {m:.3f} | {iqr:.3f} | {t_e / m:.2f}x | {extra} |")
+            att, exp = split[name]
+            ops = f"{att:.3f} | {exp:.3f}" if exp > 0 else f"{att:.3f} | (not timed apart)"
+            lines.append(f"| {prompt} | {name} | {m:.3f} | {iqr:.3f} | {t_e / m:.2f}x | {ops} | {extra} |")
         print("\n".join(lines[-len(setups):]), flush=True)
     return ("Chunked prefill through the public API (`attach(model, plan)`, `prefill(model, ids, chunk=512, "
             "platform='cpu')`), 2-layer Qwen3-30B-A3B geometry, 3-tier plan calibrated on the bundled text (the "
             "oracle row: fitted to the prompt itself), held-out bundled text, "
-            f"{repeats} interleaved repeats (measured):\n\n" + "\n".join(lines))
+            f"{repeats} interleaved repeats (measured; attention and experts: medians of the timeline's own ops, "
+            "HF's attention in every row):\n\n" + "\n".join(lines))
+
+
+EXPERT_OPS = ("experts", "dispatch", "pack", "cold", "spill", "scatter")   # + "group<i>" (engine.py's op names)
+
+
+def op_split(events) -> tuple[float, float]:
+    """(attention, experts) seconds of one measured prefill's timeline: the attention ops, and every op of the
+    experts path (HF's experts op; the engine's dispatch, pack, groups, cold/spilled experts and scatter). Routers,
+    norms and the rest are neither. The dropless path runs inside HF's forward untimed: its experts read 0."""
+    att = sum(e.duration_s for e in events if e.name == "attention")
+    exp = sum(e.duration_s for e in events if e.name in EXPERT_OPS or e.name.startswith("group"))
+    return att, exp
 
 
 # -- NPU-precision groups: emulated vs native fp16 ------------------------------------------------------------

@@ -64,7 +64,12 @@ def test_policy_parts_smoke(monkeypatch):
     skip = targets["2-layer prefill 128: padding skipped vs HF eager"]
     printed = re.search(r"\| 128 \| static, padding skipped \(CPU\) \| [^|]+\| [^|]+\| ([0-9.]+)x", table).group(1)
     assert f"{skip['value']:.2f}" == printed and skip["holds"] == (skip["value"] >= 1.25)   # the table's ratio
-    assert len(checks) == 4 and targets["2-layer prefill 128: padding computed / skipped"]["threshold"] > 1
+    assert len(checks) == 6 and targets["2-layer prefill 128: padding computed / skipped"]["threshold"] > 1
+    for row in ("HF eager", "static, padding skipped (CPU)"):     # the timeline's split lies inside the wall time
+        cells = next(ln for ln in table.splitlines() if ln.startswith(f"| 128 | {row} |")).split(" | ")
+        wall, att, exp = float(cells[2]), float(cells[5]), float(cells[6])
+        assert att > 0 and exp > 0 and att + exp < wall, cells
+    assert "(not timed apart)" in next(ln for ln in table.splitlines() if "dropless, no plan" in ln)
     line = policy.fp16_groups(torch.float32, repeats=1, G=4, C=8, geometry="smoke", tiny=False, checks=checks)
     assert checks[-2]["check"].startswith("fp16 groups: emulated max error") and checks[-2]["holds"]
     errs = [float(e) for e in re.findall(r"(?:emulated|native) ([0-9.]+e-[0-9]+)", line)]
