@@ -96,13 +96,16 @@ def main(argv=None):
     p.add_argument("--from", dest="from_dir", default="", help="summarise the round*.json already in this folder")
     args, rest = p.parse_known_args(argv)
     if args.rounds < 1:
-        raise SystemExit(f"--rounds {args.rounds}: give at least 1")
+        p.error(f"--rounds {args.rounds}: give at least 1")
     if args.from_dir:
         files = sorted(Path(args.from_dir).glob("round*.json"), key=lambda f: int(f.stem[5:]))
         if not files:
-            raise SystemExit(f"no round*.json in {args.from_dir}: run bench/rounds.py --keep {args.from_dir} first")
+            p.error(f"no round*.json in {args.from_dir}: run bench/rounds.py --keep {args.from_dir} first")
         docs = [json.loads(f.read_text()) for f in files]
     else:
+        sys.path.insert(0, str(HERE))
+        import moe_layer                 # its options checked here, before any round runs (exit 2 on a bad one)
+        moe_layer.parse_args(rest or DEFAULT)
         docs = run_rounds(args.rounds, rest or DEFAULT, Path(args.keep) if args.keep else None)
     print(summarise(docs))
 
