@@ -62,6 +62,8 @@ def summarise(rounds: list[dict]) -> str:
     head = [rounds[0]["cpu"] if rounds else "no rounds",
             f"{n} rounds, {rounds[0]['provenance'] if rounds else ''} .. "
             f"{rounds[-1]['provenance'].split(',')[0] if rounds else ''}"]
+    head.append("Every value is measured on this host: wall-time ratios of runs side by side in one process (the fp16 "
+                "error row: a numerical error against float64), nothing modeled.")
     if loads:
         head.append("load average (1 / 5 min) after each round: " + ", ".join(loads))
     return "\n".join(head + ["", *lines])

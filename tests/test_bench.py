@@ -99,4 +99,4 @@ def test_layer_checks_and_rounds_summary_by_hand():
     assert "| 1.45 | 1.40-1.60 | 2 of 3 | holds |" in rows["computed / skipped"]
     assert rows["equal work"].endswith("| 0 of 3 | info |")
     one = rounds.summarise([doc(1.20, 1.4, "t1, c")])
-    assert "| 1.20 | 1.20-1.20 | 0 of 1 | **misses** |" in one and "load average" in one
+    assert "| 1.20 | 1.20-1.20 | 0 of 1 | **misses** |" in one and "load average" in one and "measured" in one
