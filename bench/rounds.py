@@ -8,6 +8,8 @@ read as holding when its median round meets it; "k of N" says how firmly. Rows m
 same ratio at equal work, beside the target's).
 
     .venv/bin/python bench/rounds.py --rounds 5 [--keep DIR] [moe_layer.py options]
+    .venv/bin/python bench/rounds.py --from DIR [DIR ...]   # summarise kept rounds; several folders: one pooled
+                                                            # verdict over every batch (rounds numbered in order)
     (defaults: --only layer,policy --variants static-3tier,static-3tier-cpu --repeats 3; ~2.5 min a round quiet)
 """
 from __future__ import annotations
@@ -64,6 +66,10 @@ def summarise(rounds: list[dict]) -> str:
             f"{rounds[-1]['provenance'].split(',')[0] if rounds else ''}"]
     head.append("Every value is measured on this host: wall-time ratios of runs side by side in one process (the fp16 "
                 "error row: a numerical error against float64), nothing modeled.")
+    commits = list(dict.fromkeys(part for d in rounds for part in d["provenance"].split(", ")
+                                 if part.startswith("commit ")))
+    if len(commits) > 1:                 # pooled batches (--from DIR DIR ...) of more than one checkout
+        head.append("rounds of several checkouts: " + "; ".join(commits))
     if loads:
         head.append("load average (1 / 5 min) after each round: " + ", ".join(loads))
     return "\n".join(head + ["", *lines])
@@ -95,15 +101,18 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--keep", default="", help="folder for each round's report and JSON (default: a temp folder)")
-    p.add_argument("--from", dest="from_dir", default="", help="summarise the round*.json already in this folder")
+    p.add_argument("--from", dest="from_dirs", nargs="+", default=[], metavar="DIR",
+                   help="summarise the round*.json already in these folders (several: pooled, in the order given)")
     args, rest = p.parse_known_args(argv)
     if args.rounds < 1:
         p.error(f"--rounds {args.rounds}: give at least 1")
-    if args.from_dir:
-        files = sorted(Path(args.from_dir).glob("round*.json"), key=lambda f: int(f.stem[5:]))
-        if not files:
-            p.error(f"no round*.json in {args.from_dir}: run bench/rounds.py --keep {args.from_dir} first")
-        docs = [json.loads(f.read_text()) for f in files]
+    if args.from_dirs:
+        docs = []
+        for d in args.from_dirs:
+            files = sorted(Path(d).glob("round*.json"), key=lambda f: int(f.stem[5:]))
+            if not files:
+                p.error(f"no round*.json in {d}: run bench/rounds.py --keep {d} first")
+            docs += [json.loads(f.read_text()) for f in files]
     else:
         sys.path.insert(0, str(HERE))
         import moe_layer                 # its options checked here, before any round runs (exit 2 on a bad one)

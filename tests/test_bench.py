@@ -100,3 +100,26 @@ def test_layer_checks_and_rounds_summary_by_hand():
     assert rows["equal work"].endswith("| 0 of 3 | info |")
     one = rounds.summarise([doc(1.20, 1.4, "t1, c")])
     assert "| 1.20 | 1.20-1.20 | 0 of 1 | **misses** |" in one and "load average" in one and "measured" in one
+
+
+def test_rounds_pools_kept_batches(tmp_path, capsys):
+    """`rounds.py --from A B` reads both folders' rounds in order: one pooled verdict, the checkouts named."""
+    import json
+
+    import rounds
+
+    def doc(v, commit):
+        return dict(cpu="CPU: test", provenance=f"t, commit {commit}, cpu", loadavg=[1.0, 1.0, 1.0],
+                    checks=[dict(check="skip vs eager", value=v, op=">=", threshold=1.25, holds=v >= 1.25)])
+    for name, vals, commit in (("a", [1.20, 1.22, 1.30], "aaa"), ("b", [1.27, 1.28], "bbb")):
+        (tmp_path / name).mkdir()
+        for i, v in enumerate(vals):
+            (tmp_path / name / f"round{i + 1}.json").write_text(json.dumps(doc(v, commit)))
+    rounds.main(["--from", str(tmp_path / "a"), str(tmp_path / "b")])
+    out = capsys.readouterr().out
+    assert "| 1.20 | 1.22 | 1.30 | 1.27 | 1.28 | 1.27 | 1.20-1.30 | 3 of 5 | holds |" in out   # median of all 5
+    assert "5 rounds" in out and "commit aaa; commit bbb" in out
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit):
+        rounds.main(["--from", str(tmp_path / "a"), str(tmp_path / "empty")])
+    assert "no round*.json in" in capsys.readouterr().err
