@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from npumoe_lab import cli
-from npumoe_lab.devices.hostload import IQR_LIMIT, OTHER_CORES_LIMIT, HostBusyWarning, HostLoad
+from npumoe_lab.devices.hostload import IQR_LIMIT, OTHER_CORES_LIMIT, STEAL_LIMIT, HostBusyWarning, HostLoad
 from npumoe_lab.experiments.store import load_results
 from npumoe_lab.models import TINY_MODEL_DIR
 
@@ -71,17 +71,27 @@ def test_busy_host_flags_rows_and_warns_once(standin, tmp_path, monkeypatch):
 
 
 def test_quiet_host_is_not_flagged(standin, tmp_path, monkeypatch):
+    """On a quiet host the run's own CPU time is not counted as others' load, and the busy flag says exactly what
+    an independent recomputation of the repeats' spread says. The spread itself is the VM's to decide: a quiet
+    CI VM once gave a 25 % IQR over 5 repeats of a ~48 ms prefill, and flagging that is the detector's job."""
     if _others_busy_cores() > OTHER_CORES_LIMIT / 2:
         pytest.skip("other processes are using this host's CPUs right now: a quiet run cannot be checked")
-    # A measurement long and repeated enough to be stable on a quiet VM: at 3 repeats the IQR is half the range,
-    # so one hiccup in a ~13 ms prefill flagged a quiet run (2 of 6 runs on the project VM); at 5 repeats of a
-    # ~30 ms prefill the IQR spans the 2nd to 4th values and ignores a single outlier.
     df, warned = _run(standin, tmp_path, monkeypatch, prompt_len=512, extra=("--repeats", "5"))
     assert df.repeat.nunique() == 5
-    if (df.host_other_cores > OTHER_CORES_LIMIT).any():
-        pytest.skip("another process started using the CPUs during the run")
-    assert not df.host_busy.any(), df[["variant", "host_other_cores", "host_busy_reason"]]
-    assert warned == [] and (df.host_busy_reason == "").all()
+    # judged by the independent reading, not the detector's own columns (those are what is under test)
+    if _others_busy_cores() > OTHER_CORES_LIMIT / 2 or (df.host_steal_frac > STEAL_LIMIT).any():
+        pytest.skip("another process or the hypervisor took CPU during the run")
+    # the run kept one core busy itself: had its own time been counted, others' cores would read ~1
+    assert (df.host_other_cores < OTHER_CORES_LIMIT).all()
+    assert not df.host_busy_reason.str.contains("other processes|steal").any()
+    for variant, g in df.groupby("variant"):
+        t = g.ttft_s.to_numpy()
+        spread = (np.percentile(t, 75) - np.percentile(t, 25)) / np.median(t)
+        assert g.host_busy.nunique() == 1 and g.host_busy_reason.nunique() == 1   # one verdict per configuration
+        row = g.iloc[0]
+        assert row.host_busy == (spread > IQR_LIMIT), (variant, spread, row.host_busy_reason)
+        assert row.host_busy_reason == (f"TTFT IQR {spread:.0%} of the median" if spread > IQR_LIMIT else "")
+    assert len(warned) == int(df.host_busy.any())
 
 
 def test_iqr_over_the_limit_flags_even_without_other_load():
