@@ -109,10 +109,15 @@ def main(argv=None):
     if args.from_dirs:
         docs = []
         for d in args.from_dirs:
-            files = sorted(Path(d).glob("round*.json"), key=lambda f: int(f.stem[5:]))
+            files = sorted((f for f in Path(d).glob("round*.json") if f.stem[5:].isdigit()),
+                           key=lambda f: int(f.stem[5:]))       # round1.json, round2.json, ... (--keep's names)
             if not files:
                 p.error(f"no round*.json in {d}: run bench/rounds.py --keep {d} first")
-            docs += [json.loads(f.read_text()) for f in files]
+            for f in files:
+                try:
+                    docs.append(json.loads(f.read_text()))
+                except (OSError, ValueError) as e:
+                    p.error(f"{f}: not a readable round ({e}); delete it or run that round again")
     else:
         sys.path.insert(0, str(HERE))
         import moe_layer                 # its options checked here, before any round runs (exit 2 on a bad one)

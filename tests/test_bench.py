@@ -123,3 +123,9 @@ def test_rounds_pools_kept_batches(tmp_path, capsys):
     with pytest.raises(SystemExit):
         rounds.main(["--from", str(tmp_path / "a"), str(tmp_path / "empty")])
     assert "no round*.json in" in capsys.readouterr().err
+    (tmp_path / "a" / "round9.json").write_text("{trunc")                     # a round cut off mid-write
+    (tmp_path / "a" / "rounds-notes.json").write_text("{}")                   # not a round: ignored
+    with pytest.raises(SystemExit):
+        rounds.main(["--from", str(tmp_path / "a")])
+    err = capsys.readouterr().err
+    assert "round9.json: not a readable round" in err and "rounds-notes" not in err

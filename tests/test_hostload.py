@@ -70,7 +70,7 @@ def test_busy_host_flags_rows_and_warns_once(standin, tmp_path, monkeypatch):
         assert g.ttft_iqr_s.iloc[0] == pytest.approx(np.percentile(t, 75) - np.percentile(t, 25))
 
 
-def test_quiet_host_is_not_flagged(standin, tmp_path, monkeypatch):
+def test_quiet_host_is_not_flagged_for_its_own_load(standin, tmp_path, monkeypatch):
     """On a quiet host the run's own CPU time is not counted as others' load, and the busy flag says exactly what
     an independent recomputation of the repeats' spread says. The spread itself is the VM's to decide: a quiet
     CI VM once gave a 25 % IQR over 5 repeats of a ~48 ms prefill, and flagging that is the detector's job."""
