@@ -20,6 +20,7 @@ e.g. "m2-max[npu_dispatch_s=4e-4; npu_graph_model=graph]" (`;` or `,` between ov
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ import yaml
 
 from ..errors import NpuMoeError
 from ..utils import sha256_json
-from .graph_cost import GRAPH_PARAMS, graph_time
+from .graph_cost import GRAPH_PARAMS, PATH_PARAMS, graph_time
 
 PLATFORM_DIR = Path(__file__).resolve().parent / "platforms"
 KINDS = ("modeled", "measured")
@@ -87,6 +88,10 @@ class DeviceModel:
     attention_flops: float | None = None      # graph-level: rate of activation x activation (attention) GEMMs
     decompress_params_s: float | None = None  # graph-level: palettized weight elements expanded per second
     clusters: float = 1.0            # graph-level: ANE clusters serving one model (Ultra direct path: 2)
+    sram_bytes: float = 1e12         # graph-level: on-chip SRAM a GEMM's weight tile spills past (1e12: none)
+    spill_factor: float = 1.0        # graph-level: rate fraction of a spilled GEMM (1: no spill)
+    direct_dispatch_s: float | None = None        # npu: per-call cost through the direct (private) path
+    direct_bandwidth_bytes_s: float | None = None  # npu: weight-streaming rate through the direct path
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -101,7 +106,8 @@ class DeviceModel:
             if not _number(getattr(self, f)) or getattr(self, f) < 0:
                 raise NpuMoeError(f"{self.role} {f} must be a number >= 0, got {getattr(self, f)!r}")
         for f in ("graph_limit_bytes", "max_dim", "freq_hz", "cores", "weight_bytes", "graph_peak_flops",
-                  "attention_flops", "decompress_params_s"):
+                  "attention_flops", "decompress_params_s", "sram_bytes", "direct_dispatch_s",
+                  "direct_bandwidth_bytes_s"):
             v = getattr(self, f)
             if v is not None and (not _number(v) or v <= 0):
                 raise NpuMoeError(f"{self.role} {f} must be a positive number or None, got {v!r}")
@@ -110,12 +116,26 @@ class DeviceModel:
                 raise NpuMoeError(f"{self.role} {f} must be a number >= 0, got {getattr(self, f)!r}")
         if not _number(self.clusters) or self.clusters < 1:
             raise NpuMoeError(f"{self.role} clusters must be a number >= 1, got {self.clusters!r}")
+        if not _number(self.spill_factor) or not 0 < self.spill_factor <= 1:
+            raise NpuMoeError(f"{self.role} spill_factor must be in (0, 1], got {self.spill_factor!r}")
         if self.graph_model:
             missing = [f for f in ("graph_peak_flops", "attention_flops", "decompress_params_s")
                        if getattr(self, f) is None]
             if missing:
                 raise NpuMoeError(f"{self.role}: the graph-level structure needs {', '.join(missing)}; add them to "
                                   "the platform YAML (see m2-max.yaml) or leave graph_model at 0")
+
+    def for_path(self, path: str) -> "DeviceModel":
+        """This role as a measurement through `path` sees it: the direct path's own dispatch (no separate sync)
+        and bandwidth where given; every other path (coreml, onnxruntime, torch...) as is."""
+        if path != "direct" or (self.direct_dispatch_s is None and self.direct_bandwidth_bytes_s is None):
+            return self
+        changes = {}
+        if self.direct_dispatch_s is not None:
+            changes.update(dispatch_s=self.direct_dispatch_s, sync_s=0.0, op_overhead_s=0.0)
+        if self.direct_bandwidth_bytes_s is not None:
+            changes.update(bandwidth_bytes_s=self.direct_bandwidth_bytes_s)
+        return dataclasses.replace(self, **changes)
 
     @property
     def call_overhead_s(self) -> float:
@@ -370,7 +390,7 @@ def _device(role: str, kind: str, p: dict) -> DeviceModel:
     if wb is not None and (wb != int(wb) or wb < 1):
         raise NpuMoeError(f"{role}.weight_bytes must be a whole number of bytes >= 1 (2 = fp16, 1 = int8), got {wb!r}")
     if role == "npu":
-        graph = {k: float(v[k]) for k in GRAPH_PARAMS if v.get(k) is not None}
+        graph = {k: float(v[k]) for k in GRAPH_PARAMS + PATH_PARAMS if v.get(k) is not None}
         return DeviceModel(**common, active_power_w=v["active_power_w"], dispatch_s=v["dispatch_s"],
                            sync_s=v["sync_s"], graph_limit_bytes=v["graph_limit_bytes"], max_dim=int(v["max_dim"]),
                            host_cores=float(v["host_cores"]), graph_model=bool(v.get("graph_model", 0)), **graph)
