@@ -5,8 +5,9 @@ priors on [low, high]). Only rows with the platform's `chip` and role `fit` are 
 validate-only by the loader's rule). The fit always prices with the graph-level structure (graph_cost.py).
 
 - Point: least squares on log(predicted / measured) over log-parameters within the bounds (scipy least_squares,
-  several starts: the sourced values and seeded random points in the box); power rows compare the role's
-  active_power_w with the measured watts.
+  several starts: the sourced values and seeded random points in the box); power rows compare the modeled power
+  of their work (floor + (active - floor) x utilisation, graph_cost.call_power) with the measured watts. Rows of
+  confidence L count with twice the noise (CONF_SIGMA).
 - Posterior: emcee (affine-invariant ensemble) over the log-parameters plus a log-noise sigma (the model's error
   in log time, log-uniform on [0.01, 2]); likelihood normal in log(predicted / measured). Draws are kept so that
   others can sample parameters (`Platform.posterior`; price.with_draws).
@@ -27,42 +28,40 @@ from ..errors import NpuMoeError
 from ..utils import progress
 from .measurements import load_measurements
 from .platform import resolve_platform
-from .price import op_columns, platform_params, price, with_draws
+from .price import op_columns, platform_params, power, price, with_draws
 from .workload import row_op
 
 SIGMA_BOUNDS = (0.01, 2.0)
 
 
+CONF_SIGMA = {"H": 1.0, "M": 1.0, "L": 2.0}      # a row's noise in units of sigma: L rows count half as much
+
+
 @dataclass(frozen=True)
 class RowSet:
-    """A set of measurement rows ready for vectorised pricing: time rows as op columns, power rows apart."""
+    """Measurement rows ready for vectorised pricing: op columns of every row, and which rows measure power."""
     ids: tuple
-    time_idx: np.ndarray        # positions (in ids) of the time rows
-    ops: dict                   # op_columns of the time rows
-    measured_s: np.ndarray
-    power_idx: np.ndarray
-    power_role: tuple           # "npu" / "cpu" of each power row
-    measured_w: np.ndarray
+    ops: dict                   # op_columns of every row (power rows: the work that ran while power was read)
+    measured: np.ndarray        # seconds, or watts for power rows
+    is_power: np.ndarray        # bool (N,)
+    weight: np.ndarray          # 1 / CONF_SIGMA of each row's confidence
 
     @staticmethod
     def of(df) -> "RowSet":
-        t = df[df.measured_s.notna()]
-        w = df[df.measured_s.isna()]
-        ids = tuple(df.id)
-        pos = {rid: i for i, rid in enumerate(ids)}
-        ops = op_columns([(r.device, row_op(r)) for r in t.itertuples()], paths=list(t.path)) if len(t) else None
-        return RowSet(ids, np.array([pos[i] for i in t.id], dtype=int), ops, t.measured_s.to_numpy(float),
-                      np.array([pos[i] for i in w.id], dtype=int), tuple(w.device), w.power_w.to_numpy(float))
+        ops = op_columns([(r.device, row_op(r)) for r in df.itertuples()], paths=list(df.path))
+        is_power = df.measured_s.isna().to_numpy()
+        measured = np.where(is_power, df.power_w.to_numpy(float), df.measured_s.to_numpy(float))
+        return RowSet(tuple(df.id), ops, measured, is_power,
+                      np.array([1.0 / CONF_SIGMA[c] for c in df.confidence]))
+
+    def predicted(self, params: dict) -> np.ndarray:
+        """Modeled seconds or watts (D, rows)."""
+        t = price(params, self.ops)
+        return np.where(self.is_power, power(params, self.ops, t), t) if self.is_power.any() else t
 
     def log_residuals(self, params: dict) -> np.ndarray:
         """log(predicted / measured) (D, rows) in the order of `ids`."""
-        d = max(np.size(v) for k, v in params.items() if isinstance(v, np.ndarray))
-        out = np.empty((d, len(self.ids)))
-        if self.ops is not None:
-            out[:, self.time_idx] = np.log(price(params, self.ops) / self.measured_s)
-        for j, (i, role) in enumerate(zip(self.power_idx, self.power_role)):
-            out[:, i] = np.log(np.broadcast_to(params[f"{role}_active_power_w"], (d,)) / self.measured_w[j])
-        return out
+        return np.log(self.predicted(params) / self.measured)
 
 
 def fit_rows(df, platform):
@@ -107,8 +106,8 @@ def fit_platform(platform, df, steps: int = 3000, walkers: int = 0, seed: int = 
     hi = np.log([f["high"] for f in platform.fit])
     rs, base = RowSet.of(rows), _base_params(platform)
 
-    def resid(x):                                   # x: (D, P) log-parameters -> (D, rows)
-        return rs.log_residuals(with_draws(base, names, np.exp(x)))
+    def resid(x):                                   # x: (D, P) log-parameters -> (D, rows), confidence-weighted
+        return rs.log_residuals(with_draws(base, names, np.exp(x))) * rs.weight
 
     rng = np.random.default_rng(seed)
     x_src = np.clip(np.log([float(np.ravel(base[n])[0]) for n in names]), lo + 1e-9, hi - 1e-9)
@@ -127,7 +126,7 @@ def fit_platform(platform, df, steps: int = 3000, walkers: int = 0, seed: int = 
         inside = np.all((x > lo) & (x < hi), axis=1) & (ls > slo) & (ls < shi)
         xs = np.where(inside[:, None], x, best.x)
         r = resid(xs)
-        lp = -0.5 * np.sum(r ** 2, axis=1) / np.exp(2 * ls) - r.shape[1] * ls
+        lp = -0.5 * np.sum(r ** 2, axis=1) / np.exp(2 * ls) - r.shape[1] * ls   # r already weighted
         return np.where(inside, lp, -np.inf)
 
     start = np.column_stack([best.x + 1e-3 * (hi - lo) * rng.standard_normal((nw, len(names))),
@@ -141,7 +140,7 @@ def fit_platform(platform, df, steps: int = 3000, walkers: int = 0, seed: int = 
     burn = steps // 3
     chain = sampler.get_chain(discard=burn, flat=True)
     keep = chain[np.random.default_rng(seed).choice(len(chain), size=min(400, len(chain)), replace=False)]
-    return FitResult(names, np.exp(best.x), np.exp(keep[:, :-1]), np.exp(keep[:, -1]), rs, r0,
+    return FitResult(names, np.exp(best.x), np.exp(keep[:, :-1]), np.exp(keep[:, -1]), rs, r0 / rs.weight,
                      float(np.mean(sampler.acceptance_fraction)), nw, steps, burn)
 
 

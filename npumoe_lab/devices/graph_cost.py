@@ -74,3 +74,13 @@ def graph_time(dev, op) -> float:
     memory = op.bytes / (clusters * dev.bandwidth_bytes_s)
     decompress = op.lut_params / (clusters * dev.decompress_params_s) if op.lut_params else 0.0
     return op.calls * dev.call_overhead_s + max(compute, memory, decompress)
+
+
+def call_power(dev, op, seconds: float) -> float:
+    """Modeled power [W] of `op` running for `seconds` on `dev`: floor + (active - floor) x utilisation, where
+    utilisation = achieved FLOP rate / peak (graph-level: clusters x graph_peak_flops; roofline: throughput_flops)
+    and floor = floor_power_w (None: constant active_power_w)."""
+    floor = dev.active_power_w if dev.floor_power_w is None else dev.floor_power_w
+    peak = dev.clusters * dev.graph_peak_flops if dev.graph_model else dev.throughput_flops
+    util = min(1.0, op.flops / (seconds * peak)) if seconds > 0 else 0.0
+    return floor + (dev.active_power_w - floor) * util

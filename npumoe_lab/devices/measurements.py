@@ -20,7 +20,8 @@ import yaml
 from ..errors import NpuMoeError
 from .graph_cost import WEIGHT_FORMATS
 
-MICRO_KINDS = ("gemm", "conv_chain", "gemv_stream", "call_floor", "power", "attention", "router", "gather_scatter")
+MICRO_KINDS = ("gemm", "conv_chain", "gemv_stream", "call_floor", "power", "attention", "router", "gather_scatter",
+               "mem_stream")
 WHOLE_KINDS = ("model_forward", "moe_layer")
 KINDS = MICRO_KINDS + WHOLE_KINDS
 DEVICES = ("npu", "cpu")
@@ -32,7 +33,7 @@ CHIPS = ("m1", "m1-pro", "m1-max", "m1-ultra", "m2", "m2-pro", "m2-max", "m2-ult
 HOST_CHIP = re.compile(r"^host-[a-z0-9][a-z0-9_.-]*$")      # this machine: host-<host profile key>
 REQUIRED = ("id", "chip", "device", "path", "kind", "work", "measured_s", "source", "confidence", "role")
 OPTIONAL = ("power_w", "energy_j", "note", "covers")
-GEMM_WORK = ("gemms", "act_gemms", "weight_format", "calls", "activation_elems")
+GEMM_WORK = ("gemms", "act_gemms", "weight_format", "calls", "activation_elems", "stream_bytes")
 FORWARD_WORK = ("geometry", "rows", "context", "calls", "layers", "weight_format", "lm_head")
 COLUMNS = ("id", "file", "chip", "device", "path", "kind", "role", "confidence", "measured_s", "power_w", "energy_j",
            "work", "source_ref", "source_read", "covers", "note")
@@ -86,8 +87,14 @@ def _check_work(work, kind, where) -> None:
     if extra:
         raise NpuMoeError(f"{where}: work has unknown keys {sorted(extra)}; allowed: {', '.join(GEMM_WORK)} "
                           f"(or {', '.join(FORWARD_WORK)} for a forward)")
+    if "stream_bytes" in work:
+        if not _positive(work["stream_bytes"]) or set(work) - {"stream_bytes", "weight_format", "calls"}:
+            raise NpuMoeError(f"{where}: a memory-stream work is stream_bytes (a positive byte count moved per call) "
+                              "with weight_format and calls only")
+        return
     if "gemms" not in work and "act_gemms" not in work:
-        raise NpuMoeError(f"{where}: work needs gemms: [[M, N, K, count], ...] (or act_gemms) or a geometry")
+        raise NpuMoeError(f"{where}: work needs gemms: [[M, N, K, count], ...] (or act_gemms, or stream_bytes) "
+                          "or a geometry")
     for name in ("gemms", "act_gemms"):
         if name in work:
             _check_gemm_list(name, work[name], where)

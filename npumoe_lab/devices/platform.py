@@ -92,6 +92,7 @@ class DeviceModel:
     spill_factor: float = 1.0        # graph-level: rate fraction of a spilled GEMM (1: no spill)
     direct_dispatch_s: float | None = None        # npu: per-call cost through the direct (private) path
     direct_bandwidth_bytes_s: float | None = None  # npu: weight-streaming rate through the direct path
+    floor_power_w: float | None = None  # npu: power at ~0 utilisation (power rows: floor + (active-floor) x util)
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -107,7 +108,7 @@ class DeviceModel:
                 raise NpuMoeError(f"{self.role} {f} must be a number >= 0, got {getattr(self, f)!r}")
         for f in ("graph_limit_bytes", "max_dim", "freq_hz", "cores", "weight_bytes", "graph_peak_flops",
                   "attention_flops", "decompress_params_s", "sram_bytes", "direct_dispatch_s",
-                  "direct_bandwidth_bytes_s"):
+                  "direct_bandwidth_bytes_s", "floor_power_w"):
             v = getattr(self, f)
             if v is not None and (not _number(v) or v <= 0):
                 raise NpuMoeError(f"{self.role} {f} must be a positive number or None, got {v!r}")
@@ -390,7 +391,7 @@ def _device(role: str, kind: str, p: dict) -> DeviceModel:
     if wb is not None and (wb != int(wb) or wb < 1):
         raise NpuMoeError(f"{role}.weight_bytes must be a whole number of bytes >= 1 (2 = fp16, 1 = int8), got {wb!r}")
     if role == "npu":
-        graph = {k: float(v[k]) for k in GRAPH_PARAMS + PATH_PARAMS if v.get(k) is not None}
+        graph = {k: float(v[k]) for k in GRAPH_PARAMS + PATH_PARAMS + ("floor_power_w",) if v.get(k) is not None}
         return DeviceModel(**common, active_power_w=v["active_power_w"], dispatch_s=v["dispatch_s"],
                            sync_s=v["sync_s"], graph_limit_bytes=v["graph_limit_bytes"], max_dim=int(v["max_dim"]),
                            host_cores=float(v["host_cores"]), graph_model=bool(v.get("graph_model", 0)), **graph)

@@ -25,8 +25,9 @@ DEVICE_KEYS = ("dispatch_s", "sync_s", "op_overhead_s", "throughput_flops", "ban
 GRAPH_KEYS = ("graph_model", "graph_peak_flops", "work_half_flops", "rows_half", "attention_flops",
               "decompress_params_s", "clusters", "sram_bytes", "spill_factor")
 PATH_KEYS = ("direct_dispatch_s", "direct_bandwidth_bytes_s")    # NaN: the path uses the Core ML values
+POWER_KEYS = ("floor_power_w",)                                  # NaN: constant active_power_w
 PARAM_KEYS = tuple(f"{r}_{k}" for r in ROLE_CODE for k in DEVICE_KEYS) + tuple(f"npu_{k}" for k in GRAPH_KEYS) \
-    + tuple(f"npu_{k}" for k in PATH_KEYS)
+    + tuple(f"npu_{k}" for k in PATH_KEYS + POWER_KEYS)
 CURVES = ("npu_throughput_curve", "cpu_throughput_curve")
 _UNSET = 1.0    # graph parameters of a platform without the graph structure (never used: graph_model is 0)
 
@@ -62,7 +63,7 @@ def platform_params(platform) -> dict:
     for k in GRAPH_KEYS:
         v = getattr(npu, k)
         out[f"npu_{k}"] = np.array([float(_UNSET if v is None else v)])
-    for k in PATH_KEYS:
+    for k in PATH_KEYS + POWER_KEYS:
         v = getattr(npu, k)
         out[f"npu_{k}"] = np.array([np.nan if v is None else float(v)])
     return out
@@ -133,3 +134,16 @@ def price(params: dict, ops: dict) -> np.ndarray:
     """Seconds (D, N) of N ops (op_columns) under D parameter draws (arrays (D,) or (1,) per knob)."""
     npu = np.where(_col(params, "npu_graph_model") > 0.5, _graph(params, ops), _roofline(params, "npu", ops))
     return np.where(ops["role"] == 0, npu, _roofline(params, "cpu", ops))
+
+
+def power(params: dict, ops: dict, seconds: np.ndarray) -> np.ndarray:
+    """Modeled watts (D, N) of ops running `seconds` (price()): floor + (active - floor) x achieved/peak rate
+    (graph_cost.call_power); the cpu role and a missing floor give constant active power."""
+    graph = _col(params, "npu_graph_model") > 0.5
+    peak = np.where(graph, _col(params, "npu_clusters") * _col(params, "npu_graph_peak_flops"),
+                    _col(params, "npu_throughput_flops"))
+    util = np.minimum(1.0, ops["flops"] / (seconds * peak))
+    act = _col(params, "npu_active_power_w")
+    floor = _col(params, "npu_floor_power_w")
+    npu = np.where(np.isnan(floor), act, floor + (act - floor) * util)
+    return np.where(ops["role"] == 0, npu, _col(params, "cpu_active_power_w"))

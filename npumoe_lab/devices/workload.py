@@ -1,5 +1,6 @@
 """A measurement row's work as one OpCost: what the device model prices for that row.
 
+Memory-stream rows (`work.stream_bytes`) move that many bytes per call and compute nothing (memory_cost).
 GEMM-list rows (`work.gemms`, `work.act_gemms`) describe ONE call: weight-bearing GEMMs [M, N, K, count] (weights
 N*K per GEMM, stored in `weight_format`) and activation x activation GEMMs (attention scores / weighted sums, no
 stored weights, counted as attn_flops). Activations move once per distinct GEMM shape (in [M, K] and out [M, N]):
@@ -20,7 +21,7 @@ import math
 
 from ..errors import NpuMoeError
 from ..utils import REPO_ROOT
-from .cost import OpCost, attention_cost, dense_cost, expert_ffn_cost
+from .cost import OpCost, attention_cost, dense_cost, expert_ffn_cost, memory_cost
 from .graph_cost import weight_format
 
 ACT_BYTES = {"fp32": 4}          # activation element size by weight format (else fp16 activations, 2 bytes)
@@ -28,6 +29,9 @@ GEOMETRY_DIR = REPO_ROOT / "data" / "geometries"
 
 
 def _gemm_op(rid: str, work: dict) -> OpCost:
+    if "stream_bytes" in work:                      # a bandwidth-bound op (copy, elementwise): bytes only
+        calls = int(work.get("calls", 1))
+        return memory_cost(calls * float(work["stream_bytes"]), rid, calls)
     wb, lut = weight_format(work["weight_format"])
     ab = ACT_BYTES.get(work["weight_format"], 2)
     calls = int(work.get("calls", 1))
