@@ -24,12 +24,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from ..errors import NpuMoeError
-from ..utils import progress
-from .measurements import load_measurements
-from .platform import resolve_platform
-from .price import op_columns, platform_params, power, price, with_draws
-from .workload import row_op
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.utils import progress
+from npumoe_lab.devices.measurements import load_measurements
+from npumoe_lab.devices.platform import resolve_platform
+from npumoe_lab.devices.price import op_columns, platform_params, power, price, with_draws
+from npumoe_lab.devices.workload import row_op
 
 SIGMA_BOUNDS = (0.01, 2.0)
 

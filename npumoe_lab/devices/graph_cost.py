@@ -28,7 +28,7 @@ fitted on micro-benchmarks (devices/fit.py); its sources are in docs/sources/DEV
 """
 from __future__ import annotations
 
-from ..errors import NpuMoeError
+from npumoe_lab.errors import NpuMoeError
 
 # stored bytes per weight element, and whether the format is palettized (expanded on the engine: decompress floor)
 WEIGHT_FORMATS = {

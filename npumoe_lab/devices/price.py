@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import NpuMoeError
-from .graph_cost import tile_bytes
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.devices.graph_cost import tile_bytes
 
 ROLE_CODE = {"npu": 0, "cpu": 1}
 COLUMNS = ("flops", "attn_flops", "bytes", "weight_bytes", "lut_params", "rows", "calls", "gemm_size", "tile_bytes",

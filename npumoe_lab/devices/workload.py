@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 import math
 
-from ..errors import NpuMoeError
-from ..utils import REPO_ROOT
-from .cost import OpCost, attention_cost, dense_cost, expert_ffn_cost, memory_cost
-from .graph_cost import weight_format
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.utils import REPO_ROOT
+from npumoe_lab.devices.cost import OpCost, attention_cost, dense_cost, expert_ffn_cost, memory_cost
+from npumoe_lab.devices.graph_cost import weight_format
 
 ACT_BYTES = {"fp32": 4}          # activation element size by weight format (else fp16 activations, 2 bytes)
 GEOMETRY_DIR = REPO_ROOT / "data" / "geometries"
