@@ -88,8 +88,8 @@ def drift_run(model, tokenizer, calib_domain: str = "scripture", run_domain: str
     ids = heldout_windows(tokenizer, run_domain, prompt_len, 1)[0]
     profile = calibration_profile(model, tokenizer, calib_domain, chunk, calib_tokens, seed)
     direct_profile = calibration_profile(model, tokenizer, run_domain, chunk, calib_tokens, seed)
-    plan = build_plan(profile, model, platform=platform, **knobs)
-    direct = build_plan(direct_profile, model, platform=platform, **knobs)
+    plan = build_plan(profile, model, config.platform, knobs)
+    direct = build_plan(direct_profile, model, config.platform, knobs)
 
     def prefill(p, monitor=None):
         attach(model, p, monitor=monitor, npu_dtype=config.npu_dtype)

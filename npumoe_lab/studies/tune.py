@@ -183,7 +183,7 @@ def tune(model="tiny", geometry=None, budget_drop=None, budget_ttft_ms=None, pla
     points = candidates(space, n_candidates, seed)
     plans, seen = [], set()
     for p in points:
-        plan = build_plan(profile, mdl if mdl is not None else specs, platform=platform, **_knobs(p, specs, chunk))
+        plan = build_plan(profile, mdl if mdl is not None else specs, config.platform, _knobs(p, specs, chunk))
         shape = json.dumps(plan.layers, sort_keys=True)    # the hash covers the knobs too: compare what runs
         if shape not in seen:                # knobs that build the same plan are scored (and shown) once
             seen.add(shape)
