@@ -24,7 +24,7 @@ from npumoe_lab.core.numerics import select as select_npu
 from npumoe_lab.execution.ops import ChunkContext, Op, current_chunk
 from npumoe_lab.core.packing import (Layout, Workspace, group_ffn, group_ffn_into, pack,
                       plan_dispatch, run_groups, scatter)
-from npumoe_lab.core.saliency import SALIENCY_RULES, saliency_scores
+from npumoe_lab.core.saliency import check_rule, saliency_scores
 from npumoe_lab.core.weight_cache import prepared
 
 COLD_MODES = ("dynamic", "static")
@@ -80,10 +80,7 @@ class PlanExecutor:
         if self.pad_rows not in PAD_MODES:
             raise NpuMoeError(f"pad_rows={self.pad_rows!r} is not a padding mode; use one of {PAD_MODES}")
         self.layout = as_layout(self.plan)
-        rule = self.saliency or self.layout.saliency
-        if rule not in SALIENCY_RULES:
-            raise NpuMoeError(f"unknown saliency rule {rule!r}; valid rules: {', '.join(SALIENCY_RULES)}")
-        self.saliency = rule
+        self.saliency = check_rule(self.saliency or self.layout.saliency)
         if self.renormalize is None:
             self.renormalize = self.layout.renormalize
         for h in self.handles:

@@ -111,9 +111,9 @@ class ExecutionLayout:
     @staticmethod
     def dropless(specs) -> "ExecutionLayout":
         """Every expert cold, one per group: the dynamic dropless CPU path (each expert at its actual load)."""
-        specs = list(specs)
-        return ExecutionLayout.build(specs, {s.layer: [((e,), 1, False) for e in range(s.n_experts)] for s in specs},
-                                     saliency="position")
+        return ExecutionLayout(tuple(LayerLayout(s.layer, s.n_experts, s.top_k, s.hidden, s.intermediate,
+                                                 tuple(GroupLayout(e, (e,), 1, "cpu") for e in range(s.n_experts)))
+                                     for s in specs), "position", False, None, None)
 
     @staticmethod
     def from_plan(plan) -> "ExecutionLayout":
