@@ -7,7 +7,6 @@ against the `reference` variant (HF's own dropless experts) on the same samples.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from npumoe_lab.execution.calibrate import CalibrationProfile, calibrate, calibration_profile
+from npumoe_lab.execution.calibrate import calibration_profile
 from npumoe_lab.core.cpu_features import resolve_dtype, row_fields
 from npumoe_lab.devices import as_platform
 from npumoe_lab.devices.hostload import HostLoad, warn_if_busy
