@@ -9,9 +9,9 @@ fit.py (`fit-device`), validate.py (`validate-device`).
 """
 from npumoe_lab.devices.cost import OpCost, attention_cost, dense_cost, expert_ffn_cost, memory_cost
 from npumoe_lab.devices.measured import Measurement, Stopwatch, measure, rapl_available
-from npumoe_lab.devices.platform import (DeviceModel, Platform, format_platforms, get_platform, list_platforms,
-                                         parse_platform_spec, resolve_platform)
+from npumoe_lab.devices.platform import (DeviceModel, Platform, as_platform, format_platforms, get_platform,
+                                         list_platforms, parse_platform_spec, resolve_platform)
 
 __all__ = ["OpCost", "expert_ffn_cost", "attention_cost", "dense_cost", "memory_cost", "DeviceModel", "Platform",
-           "get_platform", "list_platforms", "format_platforms", "Measurement", "Stopwatch", "measure",
+           "get_platform", "as_platform", "list_platforms", "format_platforms", "Measurement", "Stopwatch", "measure",
            "rapl_available", "resolve_platform", "parse_platform_spec"]

@@ -436,6 +436,16 @@ def get_platform(name: str, **overrides) -> Platform:
                     posterior=raw.get("posterior"), source=source, overrides=dict(overrides))
 
 
+def as_platform(platform, **overrides) -> Platform | None:
+    """The one place a platform given by name (a CLI flag, an API argument, a plan's JSON) becomes the `Platform`
+    the rest of the workbench passes along; `overrides` apply to a name (get_platform). A Platform is returned as
+    it is (anything else not a name too: tests hand in stand-ins), None stays None (no device: no limits, no cost
+    model)."""
+    if not isinstance(platform, str):
+        return platform
+    return get_platform(platform, **overrides)
+
+
 def format_platforms() -> str:
     """Table of all platforms (for `npumoe-lab platforms`), then the source of each key parameter."""
     cols = ("name", "kind", "npu TF/s", "npu GB/s", "call ms", "graph GB", "npu W", "cpu cores", "cpu TF/s",

@@ -31,6 +31,13 @@ INT_COLUMNS = ("prompt_len", "chunk", "repeat", "group_size", "n_tiers", "cpu_th
 FLOAT_COLUMNS = (*TIME_COLUMNS, "cpu_core_s", "n_npu_calls", "drop_rate", "pad_rate", "score", "nll", "top1_agree", "kl",
                  "accuracy_delta", "accuracy_ci_low", "accuracy_ci_high", "hot_threshold")
 KIND_KEY = b"npumoe_lab.kind"
+KNOB_COLUMNS = {"tiers": "n_tiers"}     # plan knobs stored under another column name (the figures' fixed names)
+
+
+def knob_columns(knobs: dict) -> dict:
+    """The result-row columns of swept plan knobs: each under its own name, `tiers` as the `n_tiers` column."""
+    return {KNOB_COLUMNS.get(k, k): v for k, v in knobs.items()}
+
 
 
 def write_rows(rows, out_dir, name: str | None = None) -> Path:
