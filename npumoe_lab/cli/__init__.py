@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "graphs.convert": ["convert"],
     "studies.tune": ["tune"],
     "studies.adaptive": ["drift"],
+    "experiments.measure": ["measure"],
 }
 
 
@@ -45,6 +46,7 @@ SUMMARIES = {
     "paper-check": "the device model against every number of the paper's results it can predict",
     "tune": "search plan knobs for a drop-rate or TTFT budget (Pareto front)",
     "drift": "calibrate on one domain, run another: the drift monitor and recalibration",
+    "measure": "micro-benchmark this machine's ops (cpu | onnxruntime | coreml) into measurement rows",
 }
 
 

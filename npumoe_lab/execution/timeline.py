@@ -8,6 +8,7 @@ roles share one queue. `summarize` turns a scheduled timeline into the result-ro
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
 
@@ -221,14 +222,23 @@ def summarize(events, platform, n_tokens: int, measured_energy_j: float | None =
     return out
 
 
-def to_frame(events) -> pd.DataFrame:
-    """One row per event (the per-op timeline file), with end_s and deps as a space-separated string."""
+def to_frame(events, ops=None) -> pd.DataFrame:
+    """One row per event (the per-op timeline file), with end_s and deps as a space-separated string. `ops`: the
+    clock's (Op, deps, wall) records of the same events (PrefillResult.ops), which add each op's `kind`, `shape`
+    and `gemm` (JSON lists): what a fitted model needs to re-price a measured run op by op (validate-device --runs)."""
     rows = []
+    ops = list(ops) if ops is not None else None
+    if ops is not None and len(ops) != len(events):
+        raise NpuMoeError(f"to_frame got {len(events)} events but {len(ops)} op records; pass the ops of the same run")
     for i, e in enumerate(events):
         row = asdict(e)
         row["deps"] = " ".join(map(str, e.deps))
         row["end_s"] = None if e.start_s is None else e.end_s
+        if ops is not None:
+            op = ops[i][0]
+            row.update(kind=op.kind, shape=json.dumps([int(x) for x in op.shape]),
+                       gemm=json.dumps(None if op.cost.gemm is None else [int(x) for x in op.cost.gemm]))
         rows.append({"event": i, **row})
     cols = ["event", "name", "chunk", "layer", "device", "start_s", "end_s", "duration_s", "flops", "bytes",
-            "calls", "timing_source", "cpu_s", "deps"]
+            "calls", "timing_source", "cpu_s", "deps"] + (["kind", "shape", "gemm"] if ops is not None else [])
     return pd.DataFrame(rows, columns=cols)

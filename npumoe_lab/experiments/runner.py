@@ -178,7 +178,8 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
                             res = run_prefill(model_obj, ids, config, measure_hf_experts=v.experts == "hf")
                     per_rep[v.name][r].append(res.summary)
                     if timeline and r == 0:
-                        tl = to_frame(res.events).assign(variant=v.name, platform=plat.name, sample=i)
+                        tl = to_frame(res.events, res.ops).assign(variant=v.name, platform=plat.name, sample=i,
+                                                                 model=name, prompt_len=prompt_len, run_chunk=chunk)
                         tl_frames.append(tl)
                     if r == 0:
                         if prior:
