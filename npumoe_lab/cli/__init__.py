@@ -25,7 +25,7 @@ SUBCOMMANDS = {
     "studies.adaptive": ["drift"],
     "experiments.measure": ["measure"],
     "devices.fit": ["fit-device"],
-    "devices.validate": ["validate-device"],
+    "experiments.validate_runs": ["validate-device"],
 }
 
 

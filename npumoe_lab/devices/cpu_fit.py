@@ -13,52 +13,16 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import yaml
 
 from npumoe_lab.devices import cpu_model
 from npumoe_lab.devices.hostprofile import fill_host_params
+from npumoe_lab.devices.measurements import load_measurements
 from npumoe_lab.devices.platform import PLATFORM_DIR
 from npumoe_lab.errors import NpuMoeError
 
 FIT_FILE = "cpu-fit.yaml"
-ROW_FIELDS = ("id", "chip", "device", "path", "kind", "work", "measured_s", "source", "confidence", "role")
-KINDS = ("gemm", "conv_chain", "gemv_stream", "call_floor", "power", "model_forward", "moe_layer", "attention",
-         "router", "gather_scatter")
-
-
-def check_row(row, where: str) -> None:
-    """One clear error naming the row when a measurement row lacks a field or has an unknown kind."""
-    if not isinstance(row, dict):
-        raise NpuMoeError(f"{where}: a measurement row must be a mapping, got {type(row).__name__}")
-    rid = row.get("id", "?")
-    missing = [f for f in ROW_FIELDS if f not in row]
-    if missing:
-        raise NpuMoeError(f"{where}: row {rid!r} lacks {', '.join(missing)} (docs/MEASUREMENTS.md lists the fields)")
-    if row["kind"] not in KINDS:
-        raise NpuMoeError(f"{where}: row {rid!r} has unknown kind {row['kind']!r}; use one of {', '.join(KINDS)}")
-    if row["role"] not in ("fit", "validate"):
-        raise NpuMoeError(f"{where}: row {rid!r} role {row['role']!r} must be fit or validate")
-    t = row["measured_s"]
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0 or not math.isfinite(t):
-        raise NpuMoeError(f"{where}: row {rid!r} measured_s {t!r} must be a positive number of seconds")
-
-
-def read_rows(path) -> list[dict]:
-    """Rows of one measurements YAML file (a list of rows), each checked."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "measurements.yaml"
-    if not p.is_file():
-        raise NpuMoeError(f"measurements file {p} does not exist; run `npumoe-lab measure --device cpu --out DIR`")
-    try:
-        rows = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise NpuMoeError(f"{p} is not valid YAML ({str(exc).splitlines()[0]})") from None
-    if not isinstance(rows, list) or not rows:
-        raise NpuMoeError(f"{p}: expected a non-empty YAML list of measurement rows")
-    for i, r in enumerate(rows):
-        check_row(r, f"{p} row {i}")
-    return rows
 
 
 def host_op(row) -> dict:
@@ -66,10 +30,20 @@ def host_op(row) -> dict:
     work = row["work"]
     cost = work.get("cost") if isinstance(work, dict) else None
     if not isinstance(cost, dict) or "op" not in work:
-        raise NpuMoeError(f"row {row['id']!r} has no work.op / work.cost: the CPU model prices op-level rows of "
+        raise NpuMoeError(f"row {row['id']!r} has no work.op / work.cost: the host model prices op-level rows of "
                           "`npumoe-lab measure --device cpu`")
     return cpu_model.op_record(work["op"], cost["flops"], cost["bytes"], cost["calls"], cost.get("gemm"),
                                cost.get("shape") or ())
+
+
+def host_rows(df, source: str = ""):
+    """The op-level rows of ONE host (chip host-<key>) in a measurements DataFrame (load_measurements)."""
+    host = df[df["chip"].str.startswith("host-")]
+    chips = sorted(host["chip"].unique())
+    if len(chips) != 1:
+        raise NpuMoeError(f"{source or 'the measurements'}: the cpu platform fits ONE host's rows (chip "
+                          f"host-<key>, written by `npumoe-lab measure --device cpu`); found chips {chips or 'none'}")
+    return host
 
 
 def _intervals(ops, y, res) -> dict:
@@ -88,28 +62,30 @@ def _intervals(ops, y, res) -> dict:
         J[:, j] = (resid(x + d) - r0) / 1e-4
     dof = max(len(y) - len(free), 1)
     cov = np.linalg.pinv(J.T @ J) * float(r0 @ r0) / dof
-    half = 1.645 * np.sqrt(np.clip(np.diag(cov), 0, None))
+    # an unidentified parameter (rows do not pin it) gets a huge half-width: clipped at a factor e^20 (say "L")
+    half = np.minimum(1.645 * np.sqrt(np.clip(np.diag(cov), 0, None)), 20.0)
     return {k: (math.exp(v - h), math.exp(v + h)) for k, v, h in zip(free, x, half)}
 
 
-def fit_host(rows, source: str = "") -> dict:
-    """Fit the host model on the usable fit rows; returns the fit (cpu_model.fit) plus rows used / skipped."""
-    usable = [r for r in rows if r["role"] == "fit"]
-    if not usable:
-        raise NpuMoeError(f"{source or 'the measurements'}: no rows with role fit")
-    chips = sorted({r["chip"] for r in usable})
-    if len(chips) != 1 or not chips[0].startswith("host-"):
-        raise NpuMoeError(f"{source or 'the measurements'}: fit-device --platform cpu fits ONE host's rows (chip "
-                          f"host-<key>); got chips {chips}")
-    busy = [r for r in usable if r.get("host_busy")]
-    quiet = [r for r in usable if not r.get("host_busy")]
-    if not quiet:
+def fit_host(df, source: str = "", include_busy: bool = False) -> dict:
+    """Fit the host model on the usable fit rows of a measurements DataFrame; returns the fit (cpu_model.fit) plus
+    the rows used and the host_busy rows skipped (`include_busy`: used too, and counted as such)."""
+    rows = host_rows(df, source)
+    usable = rows[rows["role"] == "fit"]
+    if usable.empty:
+        raise NpuMoeError(f"{source or 'the measurements'}: no host rows with role fit")
+    busy, quiet = usable[usable["host_busy"]], usable[~usable["host_busy"]]
+    if include_busy:
+        quiet = usable
+    if quiet.empty:
         raise NpuMoeError(f"{source or 'the measurements'}: all {len(usable)} fit rows are flagged host_busy; "
                           "measure again on a quiet host")
-    ops, y = [host_op(r) for r in quiet], np.array([r["measured_s"] for r in quiet], float)
+    recs = quiet.to_dict("records")
+    ops, y = [host_op(r) for r in recs], quiet["measured_s"].to_numpy(float)
     res = cpu_model.fit(ops, y)
     res["intervals"] = _intervals(ops, y, res)
-    res.update(chip=chips[0], rows_used=[r["id"] for r in quiet], n_busy_skipped=len(busy))
+    res.update(chip=str(quiet["chip"].iloc[0]), rows_used=list(quiet["id"]),
+               n_busy_skipped=0 if include_busy else int(len(busy)), n_busy_used=int(len(busy)) if include_busy else 0)
     return res
 
 
@@ -121,7 +97,8 @@ def write_fit(res: dict, out_dir, measurements: str) -> Path:
     p, iv = res["params"], res["intervals"]
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     src = (f"fitted by fit-device --platform cpu on {len(res['rows_used'])} fit rows of {measurements} "
-           f"({res['n_busy_skipped']} host_busy rows skipped), {stamp}")
+           f"({res['n_busy_skipped']} host_busy rows skipped, {res['n_busy_used']} used: "
+           f"{'a BUSY host, do not trust' if res['n_busy_used'] else 'quiet rows only'}), {stamp}")
     model = {}
     for k in cpu_model.PARAMS:
         fitted = k in res["free"]
@@ -146,7 +123,8 @@ def write_fit(res: dict, out_dir, measurements: str) -> Path:
                description=f"this host's CPU with its op-level cost model fitted on measurements ({res['chip']})",
                host_model=model,
                host_fit={"measurements": str(measurements), "rows_used": len(res["rows_used"]),
-                         "host_busy_skipped": res["n_busy_skipped"], "free_parameters": list(res["free"]),
+                         "host_busy_skipped": res["n_busy_skipped"], "host_busy_used": res["n_busy_used"],
+                         "free_parameters": list(res["free"]),
                          "fit_median_abs_err": res["median_abs_err"], "fit_worst_abs_err": res["worst_abs_err"],
                          "rms_log": res["rms_log"], "created": stamp})
     path = Path(out_dir) / FIT_FILE
@@ -178,4 +156,59 @@ def load_host_model(path) -> dict:
     return vals
 
 
-__all__ = ["read_rows", "check_row", "host_op", "fit_host", "write_fit", "load_host_model", "FIT_FILE"]
+
+
+def fit_cli(a) -> int:
+    """`fit-device --platform cpu --measurements DIR --out DIR` (fit.py hands the measured platform here)."""
+    df = load_measurements(a.measurements)
+    res = fit_host(df, str(a.measurements), include_busy=getattr(a, "include_busy", False))
+    path = write_fit(res, a.out, str(a.measurements))
+    print(f"fitted {len(res['free'])} parameters of the cpu host model on {len(res['rows_used'])} fit rows of "
+          f"{res['chip']} ({res['n_busy_skipped']} host_busy rows skipped, {res['n_busy_used']} used): median |error| "
+          f"{res['median_abs_err']:.1%}, worst {res['worst_abs_err']:.1%} (modeled vs measured)\n" +
+          "\n".join(f"  {k} = {res['params'][k]:.4g}  (90 % {res['intervals'][k][0]:.3g}-{res['intervals'][k][1]:.3g})"
+                    for k in res["free"]) + f"\nwritten {path}")
+    return 0
+
+
+def is_host_fit(path) -> bool:
+    """Whether `path` names a platform YAML with a fitted host model (cpu-fit.yaml)."""
+    p = Path(str(path))
+    if p.suffix not in (".yaml", ".yml") or not p.is_file():
+        return False
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError:
+        return False
+    return isinstance(raw, dict) and "host_model" in raw
+
+
+def validate_host_rows(platform_path, measurements, out) -> tuple:
+    """validate-device of a host fit on measurement rows: validation.csv (role, kind, chip, measured_s,
+    predicted_s, ratio) and VALIDATION.md (median and worst |ratio - 1| per role and kind; host_busy rows apart)."""
+    params = load_host_model(platform_path)
+    rows = host_rows(load_measurements(measurements), str(measurements))
+    pred = cpu_model.price_many(params, [host_op(r) for r in rows.to_dict("records")])
+    res = rows[["id", "role", "kind", "chip", "measured_s", "host_busy"]].assign(
+        op=[w["op"] for w in rows["work"]], predicted_s=pred)
+    res["ratio"] = res["predicted_s"] / res["measured_s"]
+    lines = [f"# {platform_path} on {measurements}", "", "predicted = MODELED by the fitted host model; measured = "
+             "MEASURED on the host. host_busy rows are listed apart and not counted.", "",
+             "| role | op | rows | median abs(ratio-1) | worst |", "|---|---|---|---|---|"]
+    quiet = res[~res["host_busy"]]
+    for (role, op), g in quiet.groupby(["role", "op"]):
+        e = (g["ratio"] - 1).abs()
+        lines.append(f"| {role} | {op} | {len(g)} | {e.median():.1%} | {e.max():.1%} |")
+    e = (quiet["ratio"] - 1).abs()
+    lines += ["", f"All counted rows: {len(quiet)}, median {e.median():.1%}, worst {e.max():.1%}; "
+              f"host_busy rows excluded: {int(res['host_busy'].sum())}."]
+    text = "\n".join(lines) + "\n"
+    outp = Path(out)
+    outp.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(res).to_csv(outp / "validation.csv", index=False)
+    (outp / "VALIDATION.md").write_text(text)
+    return res, text
+
+
+__all__ = ["host_op", "host_rows", "fit_host", "write_fit", "load_host_model", "fit_cli", "is_host_fit",
+           "validate_host_rows", "FIT_FILE"]

@@ -228,7 +228,7 @@ def measure_device(device: str = "cpu", geometries=GEOMETRIES, repeats: int = 5,
 
 
 def write_measurements(rows, out_dir, device: str) -> Path:
-    """DIR/measurements.yaml (the rows) and DIR/host.yaml (what they were measured on)."""
+    """DIR/measurements.yaml: the rows and (key `host`) what they were measured on."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     host = {"chip": host_chip(), "device": device, "host": host_description(), "machine": _platform.machine(),
@@ -236,13 +236,12 @@ def write_measurements(rows, out_dir, device: str) -> Path:
             **row_fields(resolve_dtype("auto")),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "n_rows": len(rows),
             "n_host_busy": sum(bool(r.get("host_busy")) for r in rows)}
-    with atomic_open(out / "host.yaml", "w") as fh:
-        yaml.safe_dump(host, fh, sort_keys=False)
     path = out / MEASUREMENTS_FILE
+    doc = {"description": f"MEASURED by npumoe-lab measure --device {device} on {host['host']} ({host['cpu_model']}, "
+                          f"{host['torch_threads']} torch threads, {host['created']}); op-level micro-benchmarks, "
+                          "role fit (docs/MEASUREMENTS.md)", "host": host, "rows": list(rows)}
     with atomic_open(path, "w") as fh:
-        fh.write(f"# measured by npumoe-lab measure --device {device} on {host['host']} ({host['created']}); "
-                 f"role fit: op-level micro-benchmarks only\n")
-        yaml.safe_dump(rows, fh, sort_keys=False)
+        yaml.safe_dump(doc, fh, sort_keys=False)
     return path
 
 
@@ -254,7 +253,7 @@ def register_cli(sub):
     p.add_argument("--quick", action="store_true", help="a smaller grid (tests, a first look)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True, help="folder for measurements.yaml and host.yaml")
+    p.add_argument("--out", required=True, help="folder for measurements.yaml")
     p.set_defaults(func=_cli)
 
 
