@@ -15,6 +15,7 @@ host are flagged `host_busy` (fit-device and validate-device skip and count them
 """
 from __future__ import annotations
 
+import json
 import platform as _platform
 import time
 from pathlib import Path
@@ -137,6 +138,7 @@ def prefill_rows(model, geometry, mode, n_layers, chunk, prompt, repeats, device
     return rows
 
 
+@torch.inference_mode()
 def group_rows(model, geometry, capacity, sizes, repeats, device, npu_backend, dtype_name):
     """Rows of static expert groups of `sizes` experts at `capacity`, each called as the engine calls it."""
     spec = describe(model)[0]
@@ -166,16 +168,15 @@ def group_rows(model, geometry, capacity, sizes, repeats, device, npu_backend, d
     for fn, args in calls:       # warm-up (first calls pay kernel selection, allocation)
         fn(*args)
     load, times = HostLoad(), [[] for _ in calls]
-    with torch.inference_mode():
-        for r in range(repeats):
-            order = list(range(len(calls)))
-            order = order[r % len(order):] + order[:r % len(order)]     # interleaved: noise hits every size alike
-            for j in order:
-                fn, args = calls[j]
-                with load.measuring():
-                    t0 = time.perf_counter()
-                    fn(*args)
-                    times[j].append(time.perf_counter() - t0)
+    for r in range(repeats):
+        order = list(range(len(calls)))
+        order = order[r % len(order):] + order[:r % len(order)]     # interleaved: noise hits every size alike
+        for j in order:
+            fn, args = calls[j]
+            with load.measuring():
+                t0 = time.perf_counter()
+                fn(*args)
+                times[j].append(time.perf_counter() - t0)
     rows = []
     for j, (_, gs) in enumerate(timed):
         G, C, I = len(gs.experts), gs.capacity, spec.intermediate
@@ -189,22 +190,26 @@ def group_rows(model, geometry, capacity, sizes, repeats, device, npu_backend, d
     return rows
 
 
-def measure_device(device: str = "cpu", geometries=GEOMETRIES, repeats: int = 5, quick: bool = False,
-                   seed: int = 0) -> list[dict]:
-    """Run the grid on `device`; returns the rows (see module doc)."""
+def check_args(device: str, geometries, repeats) -> None:
+    """The flags, checked before any model is built."""
     if device not in DEVICES:
         raise NpuMoeError(f"unknown --device {device!r}; use one of {', '.join(DEVICES)}")
-    if device == "coreml":
-        from npumoe_lab.experiments.measure_coreml import measure_coreml   # lazy: the Mac-only path
-        return measure_coreml(geometries, repeats, quick, seed)
-    if device == "onnxruntime":
-        from npumoe_lab.backends.onnxruntime import require_onnxruntime   # lazy: an optional, heavy dependency
-        require_onnxruntime()
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 3:
         raise NpuMoeError(f"--repeats must be an integer >= 3 (a median and a spread need several), got {repeats!r}")
     unknown = [g for g in geometries if g not in GEOMETRIES]
     if unknown or not geometries:
-        raise NpuMoeError(f"unknown geometry {unknown or geometries}; use some of {', '.join(GEOMETRIES)}")
+        raise NpuMoeError(f"unknown geometry {unknown or list(geometries)}; use some of {', '.join(GEOMETRIES)}")
+
+
+def measure_device(device: str = "cpu", geometries=GEOMETRIES, repeats: int = 5, quick: bool = False,
+                   seed: int = 0) -> list[dict]:
+    """Run the grid on `device`; returns the rows (see module doc)."""
+    check_args(device, geometries, repeats)
+    if device == "coreml":
+        raise NpuMoeError("measure_device runs the cpu and onnxruntime grids; Core ML: measure_coreml.measure_coreml")
+    if device == "onnxruntime":
+        from npumoe_lab.backends.onnxruntime import require_onnxruntime   # lazy: an optional, heavy dependency
+        require_onnxruntime()
     npu_backend = None if device == "cpu" else device
     dtype = resolve_dtype("auto")
     rows = []
@@ -227,8 +232,10 @@ def measure_device(device: str = "cpu", geometries=GEOMETRIES, repeats: int = 5,
     return rows
 
 
-def write_measurements(rows, out_dir, device: str) -> Path:
-    """DIR/measurements.yaml: the rows and (key `host`) what they were measured on."""
+def write_measurements(rows, out_dir, device: str, fallbacks=None, record=None) -> Path:
+    """DIR/measurements.yaml: the rows, (key `host`) what they were measured on and (key `fallbacks`, Core ML) the
+    graphs that fell off the NPU and were therefore not written as rows; `record`: the raw Core ML record, kept as
+    DIR/coreml-record.json."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     host = {"chip": host_chip(), "device": device, "host": host_description(), "machine": _platform.machine(),
@@ -239,7 +246,13 @@ def write_measurements(rows, out_dir, device: str) -> Path:
     path = out / MEASUREMENTS_FILE
     doc = {"description": f"MEASURED by npumoe-lab measure --device {device} on {host['host']} ({host['cpu_model']}, "
                           f"{host['torch_threads']} torch threads, {host['created']}); op-level micro-benchmarks, "
-                          "role fit (docs/MEASUREMENTS.md)", "host": host, "rows": list(rows)}
+                          "role fit (docs/MEASUREMENTS.md)", "host": host,
+           **({"fallbacks": list(fallbacks)} if fallbacks else {}), "rows": list(rows)}
+    if not rows:
+        raise NpuMoeError(f"no rows to write ({len(fallbacks or [])} graphs fell off the NPU); nothing written")
+    if record is not None:
+        with atomic_open(out / "coreml-record.json", "w") as fh:
+            json.dump(record, fh, indent=1)
     with atomic_open(path, "w") as fh:
         yaml.safe_dump(doc, fh, sort_keys=False)
     return path
@@ -258,9 +271,15 @@ def register_cli(sub):
 
 
 def _cli(a) -> int:
-    if a.device not in DEVICES:      # before any model is built
-        raise NpuMoeError(f"unknown --device {a.device!r}; use one of {', '.join(DEVICES)}")
     geoms = tuple(g.strip() for g in a.geometry.split(",") if g.strip())
+    check_args(a.device, geoms, a.repeats)
+    if a.device == "coreml":
+        from npumoe_lab.experiments.measure_coreml import measure_coreml   # lazy: the Mac-only path
+        rows, fallbacks, record = measure_coreml(geoms, a.repeats, a.quick, a.seed)
+        path = write_measurements(rows, a.out, a.device, fallbacks, record)
+        print(f"{len(rows)} measured rows ({len(fallbacks)} graphs fell off the ANE: listed under fallbacks, not "
+              f"timed as NPU rows; powermetrics {record.get('powermetrics')}) written to {path}")
+        return 0
     rows = with_torch_threads(measure_device)(a.device, geoms, a.repeats, a.quick, a.seed, threads=a.threads)
     path = write_measurements(rows, a.out, a.device)
     busy = sum(r["host_busy"] for r in rows)
