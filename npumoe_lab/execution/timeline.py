@@ -123,6 +123,13 @@ CPU_TIME_X_CLOCK = "measured-cpu-time x modeled-clock"       # process CPU secon
 TIME_X_THREADS_X_CLOCK = "measured-time x threads x modeled-clock"  # wall seconds x torch threads x freq_hz
 
 
+# Result-row schema version and what `cpu_cycles` means in it (recorded in every summarized row, and in README):
+# version 2 = cycles are host core-seconds x cpu.freq_hz (cores x busy time, NPU dispatch + sync included); version 1
+# rows (no column) counted busy seconds x clock on one core.
+ROW_SCHEMA_VERSION = 2
+CYCLES_DEFINITION = "core-seconds x cpu.freq_hz (cores x busy s; NPU dispatch+sync included)"
+
+
 def cpu_work(event: Event, platform, threads: int | None = None) -> tuple[float, str | None]:
     """(core-seconds, source) of the host CPU's part of one event: the ONE definition behind cpu_cycles (x clock)
     and CPU energy (x watts per core).
@@ -214,6 +221,8 @@ def summarize(events, platform, n_tokens: int, measured_energy_j: float | None =
         "energy_source": energy_source,
         "energy_note": energy_note,
         "cycles_source": combined_source(src for _, src in work if src is not None),
+        "schema_version": ROW_SCHEMA_VERSION,
+        "cycles_definition": CYCLES_DEFINITION,
         "platform_profile": platform.name,
         "platform_hash": platform.hash,
     }

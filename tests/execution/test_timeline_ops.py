@@ -24,3 +24,17 @@ def test_to_frame_with_ops_adds_kind_shape_gemm():
     assert "kind" not in to_frame(res.events).columns
     with pytest.raises(NpuMoeError, match="op records"):
         to_frame(res.events, res.ops[:-1])
+
+
+def test_rows_record_what_cpu_cycles_means(tmp_path):
+    from npumoe_lab.execution.timeline import CYCLES_DEFINITION, Event, summarize
+    from npumoe_lab.results.store import load_results, write_rows
+    p = get_platform("m2-max")
+    ev = [Event("attention", 0, 0, "cpu", 0.5, 1e9, 1e6, "modeled")]
+    s = summarize(ev, p, n_tokens=4)
+    assert s["schema_version"] == 2 and s["cycles_definition"] == CYCLES_DEFINITION
+    assert s["cpu_cycles"] == pytest.approx(0.5 * p.cpu.cores * p.cpu.freq_hz)    # core-seconds x clock, by hand
+    row = dict(model="m", workload="w", variant="v", platform="m2-max", prompt_len=4, chunk=4, repeat=0, **s)
+    write_rows([row], tmp_path)
+    back = load_results(tmp_path)
+    assert back["schema_version"].iloc[0] == 2 and back["cycles_definition"].iloc[0] == CYCLES_DEFINITION
