@@ -24,13 +24,13 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from ..errors import NpuMoeError
-from ..utils import progress
-from .cpu_fit import fit_cli
-from .measurements import load_measurements
-from .platform import resolve_platform
-from .price import op_columns, platform_params, power, price, with_draws
-from .workload import row_op
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.utils import progress
+from npumoe_lab.devices.cpu_fit import fit_cli
+from npumoe_lab.devices.measurements import load_measurements
+from npumoe_lab.devices.platform import resolve_platform
+from npumoe_lab.devices.price import op_columns, platform_params, power, price, with_draws
+from npumoe_lab.devices.workload import row_op
 
 SIGMA_BOUNDS = (0.01, 2.0)
 
@@ -86,15 +86,19 @@ class FitResult:
     rows: RowSet
     point_residuals: np.ndarray
     acceptance: float
+    tau: float                  # largest integrated autocorrelation time over the parameters (steps)
     n_walkers: int
     n_steps: int
     burn: int
 
 
-def fit_platform(platform, df, steps: int = 3000, walkers: int = 0, seed: int = 0, starts: int = 8) -> FitResult:
+def fit_platform(platform, df, steps: int = 8000, walkers: int = 0, seed: int = 0, starts: int = 8) -> FitResult:
     """Least squares point and emcee posterior of the platform's `fit:` parameters on its chip's fit rows."""
+    import logging
+
     import emcee
     from scipy.optimize import least_squares
+    logging.getLogger("emcee").setLevel(logging.ERROR)   # its short-chain warning: we report steps / tau ourselves
     if not platform.fit:
         raise NpuMoeError(f"platform {platform.name!r} declares no free parameters; add a fit: list of "
                           "{param, low, high} to its YAML (see m2-max.yaml)")
@@ -139,10 +143,11 @@ def fit_platform(platform, df, steps: int = 3000, walkers: int = 0, seed: int = 
     for _ in progress(sampler.sample(start, iterations=steps), total=steps, desc=f"fit {platform.name}"):
         pass
     burn = steps // 3
+    tau = float(np.nanmax(sampler.get_autocorr_time(discard=burn, quiet=True)))
     chain = sampler.get_chain(discard=burn, flat=True)
     keep = chain[np.random.default_rng(seed).choice(len(chain), size=min(400, len(chain)), replace=False)]
     return FitResult(names, np.exp(best.x), np.exp(keep[:, :-1]), np.exp(keep[:, -1]), rs, r0 / rs.weight,
-                     float(np.mean(sampler.acceptance_fraction)), nw, steps, burn)
+                     float(np.mean(sampler.acceptance_fraction)), tau, nw, steps, burn)
 
 
 def _sig(v: float) -> float:
@@ -179,7 +184,8 @@ def fitted_yaml(platform, res: FitResult, today: str) -> dict:
         "method": "emcee EnsembleSampler (DE 0.8 + DE-snooker 0.2) over log-parameters and a log-noise sigma; "
                   "likelihood normal in log(predicted/measured time or power)",
         "rows": ids, "params": list(res.names), "n_walkers": res.n_walkers, "n_steps": res.n_steps,
-        "burn": res.burn, "acceptance": round(res.acceptance, 3),
+        "burn": res.burn, "acceptance": round(res.acceptance, 3), "autocorr_steps_max": round(res.tau, 1),
+        "kept_steps_over_autocorr": round((res.n_steps - res.burn) / res.tau, 1),
         "point_median_abs_error": round(float(np.median(np.abs(np.expm1(res.point_residuals)))), 4),
         "draws": [[_sig(v) for v in d] for d in res.draws], "sigma_log": [_sig(s) for s in res.sigma]}
     return doc
@@ -201,7 +207,7 @@ def register_cli(sub) -> None:
     p.add_argument("--platform", required=True, help="platform name, YAML path, or spec with [overrides]")
     p.add_argument("--measurements", default="data/measurements", help="measurement YAML or folder")
     p.add_argument("--out", required=True, help="folder for <platform>-fit.yaml")
-    p.add_argument("--steps", type=int, default=3000, help="emcee steps per walker")
+    p.add_argument("--steps", type=int, default=8000, help="emcee steps per walker (the first third is burn-in)")
     p.add_argument("--walkers", type=int, default=0, help="emcee walkers (0: 4 x dimensions, at least 32)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--include-busy", action="store_true",
@@ -211,7 +217,7 @@ def register_cli(sub) -> None:
 
 def _cli(a: argparse.Namespace) -> int:
     if a.steps < 30:
-        raise NpuMoeError(f"--steps {a.steps} is too few for a posterior; use at least 30 (default 3000)")
+        raise NpuMoeError(f"--steps {a.steps} is too few for a posterior; use at least 30 (default 8000)")
     platform = resolve_platform(a.platform)
     if platform.kind == "measured":     # this host: its op-level model is fitted on `measure` rows (cpu_fit.py)
         return fit_cli(a)
@@ -220,7 +226,8 @@ def _cli(a: argparse.Namespace) -> int:
     err = np.abs(np.expm1(res.point_residuals))
     print(f"fitted {len(res.names)} parameters of {platform.name} on {len(res.rows.ids)} fit rows of "
           f"{platform.chip}: median |error| {np.median(err):.1%}, worst {err.max():.1%} (modeled vs measured); "
-          f"emcee acceptance {res.acceptance:.2f}\n" +
+          f"emcee acceptance {res.acceptance:.2f}, kept steps / autocorrelation time {(res.n_steps - res.burn) / res.tau:.0f}"
+          f"{' (under 50: run more --steps)' if (res.n_steps - res.burn) / res.tau < 50 else ''}\n" +
           "\n".join(f"  {n} = {v:.4g}  (90 % {np.percentile(res.draws[:, i], 5):.3g}-"
                     f"{np.percentile(res.draws[:, i], 95):.3g})" for i, (n, v) in enumerate(zip(res.names,
                                                                                                res.point))) +

@@ -20,13 +20,15 @@ rows per GEMM (the engine computes over row tiles; a GEMV uses a sliver of each)
 activation GEMMs (scores, weighted sum; K = head_dim) run at their own measured rate and grow with context.
 call_s = dispatch_s + sync_s. `clusters` = ANE clusters serving one model (1 on the Core ML path of an Ultra; 2 is
 the direct-path option that pins programs to both). Path-specific terms: a measurement through the direct (private)
-path uses `direct_dispatch_s` (no separate sync) and `direct_bandwidth_bytes_s` where the platform gives them
+path uses `direct_dispatch_s` (no separate sync), `direct_bandwidth_bytes_s` and `direct_rows_half` (the private
+path runs a 1-row GEMV as one row of a tile: ANEForge finds int8 weights no faster than fp16 for GEMV and B <= 64,
+i.e. not weight-bound, while Core ML's LUT6 LM head is 2.6x faster than fp16, i.e. weight-bound) where given
 (`DeviceModel.for_path`); simulations run the Core ML path (dispatch_s + sync_s, bandwidth_bytes_s). Every term is a parameter of the platform YAML, sourced or
 fitted on micro-benchmarks (devices/fit.py); its sources are in docs/sources/DEVICE_MODEL.md.
 """
 from __future__ import annotations
 
-from ..errors import NpuMoeError
+from npumoe_lab.errors import NpuMoeError
 
 # stored bytes per weight element, and whether the format is palettized (expanded on the engine: decompress floor)
 WEIGHT_FORMATS = {
@@ -35,7 +37,7 @@ WEIGHT_FORMATS = {
 }
 GRAPH_PARAMS = ("graph_peak_flops", "work_half_flops", "rows_half", "attention_flops", "decompress_params_s",
                 "clusters", "sram_bytes", "spill_factor")
-PATH_PARAMS = ("direct_dispatch_s", "direct_bandwidth_bytes_s")
+PATH_PARAMS = ("direct_dispatch_s", "direct_bandwidth_bytes_s", "direct_rows_half")
 
 
 def weight_format(name: str) -> tuple[float, bool]:

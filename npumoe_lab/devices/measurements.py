@@ -17,8 +17,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from ..errors import NpuMoeError
-from .graph_cost import WEIGHT_FORMATS
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.devices.graph_cost import WEIGHT_FORMATS
 
 MICRO_KINDS = ("gemm", "conv_chain", "gemv_stream", "call_floor", "power", "attention", "router", "gather_scatter",
                "mem_stream")

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import yaml
 
-from npumoe_lab.devices.graph_cost import GRAPH_PARAMS, PATH_PARAMS, graph_time
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.utils import sha256_json
+from npumoe_lab.devices.graph_cost import GRAPH_PARAMS, PATH_PARAMS, graph_time
 
 PLATFORM_DIR = Path(__file__).resolve().parent / "platforms"
 KINDS = ("modeled", "measured")
@@ -92,6 +92,7 @@ class DeviceModel:
     spill_factor: float = 1.0        # graph-level: rate fraction of a spilled GEMM (1: no spill)
     direct_dispatch_s: float | None = None        # npu: per-call cost through the direct (private) path
     direct_bandwidth_bytes_s: float | None = None  # npu: weight-streaming rate through the direct path
+    direct_rows_half: float | None = None  # npu: rows_half of the direct path (GEMV tiling differs from Core ML)
     floor_power_w: float | None = None  # npu: power at ~0 utilisation (power rows: floor + (active-floor) x util)
 
     def __post_init__(self):
@@ -108,7 +109,7 @@ class DeviceModel:
                 raise NpuMoeError(f"{self.role} {f} must be a number >= 0, got {getattr(self, f)!r}")
         for f in ("graph_limit_bytes", "max_dim", "freq_hz", "cores", "weight_bytes", "graph_peak_flops",
                   "attention_flops", "decompress_params_s", "sram_bytes", "direct_dispatch_s",
-                  "direct_bandwidth_bytes_s", "floor_power_w"):
+                  "direct_bandwidth_bytes_s", "floor_power_w", "direct_rows_half"):
             v = getattr(self, f)
             if v is not None and (not _number(v) or v <= 0):
                 raise NpuMoeError(f"{self.role} {f} must be a positive number or None, got {v!r}")
@@ -127,15 +128,18 @@ class DeviceModel:
                                   "the platform YAML (see m2-max.yaml) or leave graph_model at 0")
 
     def for_path(self, path: str) -> "DeviceModel":
-        """This role as a measurement through `path` sees it: the direct path's own dispatch (no separate sync)
-        and bandwidth where given; every other path (coreml, onnxruntime, torch...) as is."""
-        if path != "direct" or (self.direct_dispatch_s is None and self.direct_bandwidth_bytes_s is None):
+        """This role as a measurement through `path` sees it: the direct path's own dispatch (no separate sync),
+        bandwidth and rows_half where given; every other path (coreml, onnxruntime, torch...) as is."""
+        if path != "direct" or all(v is None for v in (self.direct_dispatch_s, self.direct_bandwidth_bytes_s,
+                                                        self.direct_rows_half)):
             return self
         changes = {}
         if self.direct_dispatch_s is not None:
             changes.update(dispatch_s=self.direct_dispatch_s, sync_s=0.0, op_overhead_s=0.0)
         if self.direct_bandwidth_bytes_s is not None:
             changes.update(bandwidth_bytes_s=self.direct_bandwidth_bytes_s)
+        if self.direct_rows_half is not None:
+            changes.update(rows_half=self.direct_rows_half)
         return dataclasses.replace(self, **changes)
 
     @property

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import NpuMoeError
-from .graph_cost import tile_bytes
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.devices.graph_cost import tile_bytes
 
 ROLE_CODE = {"npu": 0, "cpu": 1}
 COLUMNS = ("flops", "attn_flops", "bytes", "weight_bytes", "lut_params", "rows", "calls", "gemm_size", "tile_bytes",
@@ -24,7 +24,7 @@ COLUMNS = ("flops", "attn_flops", "bytes", "weight_bytes", "lut_params", "rows",
 DEVICE_KEYS = ("dispatch_s", "sync_s", "op_overhead_s", "throughput_flops", "bandwidth_bytes_s", "active_power_w")
 GRAPH_KEYS = ("graph_model", "graph_peak_flops", "work_half_flops", "rows_half", "attention_flops",
               "decompress_params_s", "clusters", "sram_bytes", "spill_factor")
-PATH_KEYS = ("direct_dispatch_s", "direct_bandwidth_bytes_s")    # NaN: the path uses the Core ML values
+PATH_KEYS = ("direct_dispatch_s", "direct_bandwidth_bytes_s", "direct_rows_half")    # NaN: the path uses the Core ML values
 POWER_KEYS = ("floor_power_w",)                                  # NaN: constant active_power_w
 PARAM_KEYS = tuple(f"{r}_{k}" for r in ROLE_CODE for k in DEVICE_KEYS) + tuple(f"npu_{k}" for k in GRAPH_KEYS) \
     + tuple(f"npu_{k}" for k in PATH_KEYS + POWER_KEYS)
@@ -118,11 +118,13 @@ def _roofline(params: dict, role: str, ops: dict) -> np.ndarray:
 def _graph(params: dict, ops: dict) -> np.ndarray:
     g = {k: _col(params, f"npu_{k}") for k in GRAPH_KEYS}
     call, bw = _call_and_bw(params, "npu", ops)
+    d_rows = _col(params, "npu_direct_rows_half")
+    rows_half = np.where((ops["direct"] > 0.5) & ~np.isnan(d_rows), d_rows, g["rows_half"])
     mm = np.maximum(ops["flops"] - ops["attn_flops"], 0.0)
     w = mm / ops["calls"]
     x4 = (ops["tile_bytes"] / g["sram_bytes"]) ** 4
     slow = 1.0 + (1.0 / g["spill_factor"] - 1.0) * x4 / (1.0 + x4)
-    u = np.where(w > 0, w / (w + g["work_half_flops"]) * ops["rows"] / (ops["rows"] + g["rows_half"]) / slow, 1.0)
+    u = np.where(w > 0, w / (w + g["work_half_flops"]) * ops["rows"] / (ops["rows"] + rows_half) / slow, 1.0)
     compute = mm / (g["clusters"] * g["graph_peak_flops"] * u) + ops["attn_flops"] / (g["clusters"] *
                                                                                      g["attention_flops"])
     memory = ops["bytes"] / (g["clusters"] * bw)

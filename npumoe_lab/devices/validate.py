@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..errors import NpuMoeError
-from .fit import RowSet
-from .graph_cost import call_power
-from .measurements import load_measurements
-from .platform import resolve_platform
-from .price import platform_params, with_draws
-from .workload import row_op
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.devices.fit import RowSet
+from npumoe_lab.devices.graph_cost import call_power
+from npumoe_lab.devices.measurements import load_measurements
+from npumoe_lab.devices.platform import resolve_platform
+from npumoe_lab.devices.price import platform_params, with_draws
+from npumoe_lab.devices.workload import row_op
 
 CSV_COLUMNS = ("id", "role", "kind", "chip", "device", "path", "confidence", "measured_s", "predicted_s",
                "measured_w", "predicted_w", "ratio", "fold", "predicted_lo", "predicted_hi", "covered", "source_ref")

@@ -9,7 +9,7 @@ is B*H*W*C, not its im2col matrix). `calls` calls are timed together: the OpCost
 
 Forward rows (`work.geometry`) are a whole forward of `rows` tokens with `context` past tokens in the KV cache, in
 `calls` graph calls: per layer the attention (devices/cost.py attention_cost) and the MLP (a SwiGLU: dense_cost
-gate+up and down; MoE geometries: expert_ffn_cost with every expert at capacity ceil(rows*top_k/E)), plus the LM
+gate+up and down; `gated_mlp: false` in the geometry: a GELU MLP, up and down; MoE geometries: expert_ffn_cost with every expert at capacity ceil(rows*top_k/E)), plus the LM
 head for every row when `lm_head` (default true). They are combined into one OpCost: the graph-level structure
 prices total work, rows and stored bytes; the per-op roofline rates it at its dominant GEMM, as it rates a
 grouped-expert graph.
@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 import math
 
-from ..errors import NpuMoeError
-from ..utils import REPO_ROOT
-from .cost import OpCost, attention_cost, dense_cost, expert_ffn_cost, memory_cost
-from .graph_cost import weight_format
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.utils import REPO_ROOT
+from npumoe_lab.devices.cost import OpCost, attention_cost, dense_cost, expert_ffn_cost, memory_cost
+from npumoe_lab.devices.graph_cost import weight_format
 
 ACT_BYTES = {"fp32": 4}          # activation element size by weight format (else fp16 activations, 2 bytes)
 GEOMETRY_DIR = REPO_ROOT / "data" / "geometries"
@@ -88,7 +88,8 @@ def forward_op(rid: str, work: dict) -> OpCost:
             ops.append(expert_ffn_cost(int(n_exp), cap, hidden, inter, dtype_bytes=ab, weight_bytes=wb))
         else:
             inter = int(_get(g, "intermediate_size"))
-            ops.append(dense_cost(rows, hidden, 2 * inter, dtype_bytes=ab, weight_bytes=wb))
+            gates = 2 if g.get("gated_mlp", True) else 1        # SwiGLU: gate + up; GELU MLP (BERT, Whisper): up
+            ops.append(dense_cost(rows, hidden, gates * inter, dtype_bytes=ab, weight_bytes=wb))
             ops.append(dense_cost(rows, inter, hidden, dtype_bytes=ab, weight_bytes=wb))
     if work.get("lm_head", True):
         ops.append(dense_cost(rows, hidden, int(_get(g, "vocab_size")), dtype_bytes=ab, weight_bytes=wb))

@@ -130,3 +130,22 @@ def test_opcost_graph_fields_validated():
     a = attention_cost(8, 56, 64, 4, 2, 16)
     assert a.attn_flops == 2 * 2.0 * 4 * 8 * 64 * 16 and a.rows == 8 and math.isclose(
         a.weight_bytes, (64 * 64 + 2 * 64 * 32 + 64 * 64) * 2)
+
+
+def test_vectorised_power_equals_call_power():
+    """Power rows: floor + (active - floor) x achieved/peak rate, the same in NumPy as in graph_cost.call_power."""
+    from npumoe_lab.devices.graph_cost import call_power
+    from npumoe_lab.devices.price import power
+    for spec in (GRAPH, "m2-max"):
+        p = resolve_platform(spec)
+        ops = [("npu", OpCost(f"g{n}", 2.0 * n ** 3, 6.0 * n * n, gemm=(n, n, n), weight_bytes=2.0 * n * n))
+               for n in (256, 1024, 4096)] + [("cpu", dense_cost(64, 512, 512))]
+        cols = op_columns(ops)
+        params = platform_params(p)
+        t = price(params, cols)
+        got = power(params, cols, t)[0]
+        want = [call_power(p.device(r), o, p.device(r).estimate(o)) if r == "npu" else p.cpu.active_power_w
+                for r, o in ops]
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+        d = p.npu
+        assert d.floor_power_w < want[0] < want[2] <= d.active_power_w     # power rises with the achieved rate
