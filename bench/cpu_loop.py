@@ -30,10 +30,11 @@ from npumoe_lab.experiments.runner import run_experiment  # noqa: E402
 from npumoe_lab.experiments.validate_runs import summary, validate_runs  # noqa: E402
 from npumoe_lab.models import load_model  # noqa: E402
 
-TINY = dict(prompts=(512, 1024), chunks=(128, 256), variants="all", samples=2)
+TINY = dict(prompts=(256, 512), chunks=(64, 128), variants="all", samples=1)
 QWEN = dict(prompts=(512, 2048), chunk=512, variants="reference,cpu-only,npumoe-base,npumoe", samples=1)
 SMALL_TINY = dict(prompts=(256,), chunks=(128,), variants="reference,npumoe", samples=1)
 SMALL_QWEN = None
+CALIB_TOKENS = 4096        # calibration of the plan variants (not timed); half the run default, for the budget
 
 
 def step(title: str):
@@ -52,7 +53,8 @@ def held_out_runs(runs: Path, threads: int, repeats: int, small: bool) -> None:
         for c in tiny["chunks"]:
             _cli(["run", "--model", "tiny", "--workload", "ruler-multikey", "--variant", tiny["variants"],
                   "--platform", "cpu", "--prompt-len", p, "--chunk", c, "--samples", tiny["samples"],
-                  "--repeats", repeats, "--threads", threads, "--timeline", "--out", runs / f"tiny-p{p}-c{c}"])
+                  "--repeats", repeats, "--threads", threads, "--calib-tokens", CALIB_TOKENS, "--timeline",
+                  "--out", runs / f"tiny-p{p}-c{c}"])
     qwen = SMALL_QWEN if small else QWEN
     if qwen is None:
         return
@@ -62,6 +64,7 @@ def held_out_runs(runs: Path, threads: int, repeats: int, small: bool) -> None:
         run_experiment(model=(model, tok), model_name="qwen3-30b-a3b-2layer-random", workload="ruler-multikey",
                        variants=qwen["variants"], platforms="cpu", prompt_len=p, chunk=qwen["chunk"],
                        repeats=repeats, n_samples=qwen["samples"], timeline=True, threads=threads,
+                       calib_tokens=CALIB_TOKENS,
                        out=runs / f"qwen2l-p{p}")
 
 
