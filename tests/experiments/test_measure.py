@@ -81,3 +81,11 @@ def test_coreml_off_macos_is_one_clear_error(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "macOS" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "m").exists()
+
+
+def test_onnxruntime_groups_are_timed_through_the_runtime():
+    pytest.importorskip("onnxruntime")
+    model = tiny_model("qwen3_moe")
+    rows = measure.group_rows(model, "zoo", 8, (1, 2), 3, "onnxruntime", "onnxruntime", "fp32")
+    assert [r["path"] for r in rows] == ["onnxruntime"] * 2 and all(r["measured_s"] > 0 for r in rows)
+    assert [r["work"]["gemms"][0][3] for r in rows] == [1, 2]

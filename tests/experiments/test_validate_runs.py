@@ -130,3 +130,20 @@ def test_a_platform_file_that_does_not_parse_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "bad.yaml" in err and "does not parse" in err and len(err.splitlines()) == 1
     assert not out.exists()
+
+
+def test_a_real_measured_run_is_repriced_from_its_timeline(tmp_path):
+    """End to end through the runner: its timeline carries what the host model needs, and validate_runs' modeled
+    TTFT is the sum of the priced ops of the run's own timeline (recomputed here from the stored file)."""
+    from npumoe_lab.experiments.runner import run_experiment
+    from npumoe_lab.results.store import load_timelines
+    runs = tmp_path / "runs"
+    run_experiment(model="tiny", workload="ruler-multikey", variants="cpu-only", platforms="cpu", prompt_len=256,
+                   chunk=128, repeats=3, n_samples=1, timeline=True, out=runs)
+    df = validate_runs(fit_file(tmp_path, TRUE), runs)
+    tl = load_timelines(runs)
+    assert set(tl["run_chunk"]) == {128} and set(tl["prompt_len"]) == {256} and tl["kind"].notna().all()
+    by_hand = sum(cm.price(TRUE, cm.op_record(r.kind, r.flops, r.bytes, r.calls, r.gemm, r.shape))
+                  for r in tl.itertuples())
+    assert len(df) == 1 and df["modeled_ttft_s"].iloc[0] == pytest.approx(by_hand, rel=1e-12)
+    assert df["measured_ttft_s"].iloc[0] > 0
