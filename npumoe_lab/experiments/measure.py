@@ -48,6 +48,7 @@ SCHEMA_KIND = {"attention": "attention", "router": "router", "dispatch": "gather
                "scatter": "gather_scatter", "expert_group": "gemm", "experts_dynamic": "gemm", "experts_hf": "gemm",
                "shared_experts": "gemm", "other": "call_floor"}
 MEASUREMENTS_FILE = "measurements.yaml"
+MODES = ("hf", "dynamic", "static", "mixed")      # experts paths of the prefill grid (_set_mode)
 
 
 def grid(geometry: str, quick: bool = False) -> dict:
@@ -55,12 +56,11 @@ def grid(geometry: str, quick: bool = False) -> dict:
     if geometry == "tiny":
         chunks, prompt = ((64, 256) if quick else (64, 128, 256)), (256 if quick else 512)
         caps, sizes = ((1, 16, 64) if quick else (1, 4, 16, 64, 256)), (1, 4, 16)
-        prefills = [(m, 1, c, prompt) for m in ("hf", "dynamic", "static") for c in chunks] + \
-                   [("dynamic", 2, c, prompt) for c in chunks]
+        prefills = [(m, 1, c, prompt) for m in MODES for c in chunks] + [("dynamic", 2, c, prompt) for c in chunks]
     else:
         chunks, prompt = ((256,) if quick else (128, 512)), (512 if quick else 1024)
         caps, sizes = ((8, 64) if quick else (8, 32, 128, 512)), ((1, 8) if quick else (1, 8, 32))
-        prefills = [(m, 1, c, prompt) for m in ("hf", "dynamic", "static") for c in chunks]
+        prefills = [(m, 1, c, prompt) for m in MODES for c in chunks]
     return {"prefills": prefills, "capacities": caps, "group_sizes": sizes}
 
 
@@ -94,21 +94,28 @@ def _row(rid, op, times, load, device, geometry, dtype_name, extra_work=None, no
 
 
 # -- the op grid ------------------------------------------------------------------------------------------------
-def _static_layout(specs, chunk: int):
-    """Every expert resident, groups of 8 at about twice the mean load (what a plan of this chunk looks like)."""
+def _static_layout(specs, chunk: int, resident_share: float = 1.0, load_factor: float = 2.0):
+    """Groups of 8 experts at `load_factor` x the mean load (what a plan of this chunk looks like); the first
+    `resident_share` of the experts resident, the rest cold (one per group: the dynamic CPU path)."""
     groups = {}
     for s in specs:
-        cap = max(8, int(2 * chunk * s.top_k / s.n_experts + 7) // 8 * 8)
-        groups[s.layer] = [(tuple(range(i, min(i + 8, s.n_experts))), cap, True) for i in range(0, s.n_experts, 8)]
+        cap = max(8, int(load_factor * chunk * s.top_k / s.n_experts + 7) // 8 * 8)
+        n_res = int(round(resident_share * s.n_experts))
+        groups[s.layer] = [(tuple(range(i, min(i + 8, n_res))), cap, True) for i in range(0, n_res, 8)] + \
+                          [((e,), 1, False) for e in range(n_res, s.n_experts)]
     return ExecutionLayout.build(specs, groups)
 
 
 def _set_mode(model, mode, specs, chunk, npu_backend):
+    """hf: HF's eager experts; dynamic: every expert cold (dropless); static: every expert resident; mixed: half
+    resident at the mean load with overflow spilled to the CPU, half cold (cold, spill and scatter with parts)."""
     detach(model)
     if mode == "hf":
         model.set_experts_implementation("eager")
     elif mode == "dynamic":
         attach(model, ExecutionLayout.dropless(specs), cold="dynamic")
+    elif mode == "mixed":
+        attach(model, _static_layout(specs, chunk, 0.5, 1.0), npu_backend=npu_backend, spill=True)
     else:
         attach(model, _static_layout(specs, chunk), npu_backend=npu_backend)
 

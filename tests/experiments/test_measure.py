@@ -18,6 +18,7 @@ def rows():
     out = measure.group_rows(model, "zoo", 8, (1, 4), 3, "cpu", None, "fp32")
     out += measure.prefill_rows(model, "zoo", "static", 2, 16, 32, 3, "cpu", None, "fp32")
     out += measure.prefill_rows(model, "zoo", "hf", 2, 16, 32, 3, "cpu", None, "fp32")
+    out += measure.prefill_rows(model, "zoo", "mixed", 2, 16, 32, 3, "cpu", None, "fp32")
     return out
 
 
@@ -89,3 +90,9 @@ def test_onnxruntime_groups_are_timed_through_the_runtime():
     rows = measure.group_rows(model, "zoo", 8, (1, 2), 3, "onnxruntime", "onnxruntime", "fp32")
     assert [r["path"] for r in rows] == ["onnxruntime"] * 2 and all(r["measured_s"] > 0 for r in rows)
     assert [r["work"]["gemms"][0][3] for r in rows] == [1, 2]
+
+
+def test_mixed_prefills_time_cold_experts_and_scatter_with_parts(rows):
+    mixed = [r for r in rows if "-mixed-" in r["id"]]
+    names = {r["id"].rsplit("-", 1)[1] for r in mixed}
+    assert {"cold", "scatter", "dispatch"} <= names and any(r["work"]["op"] == "expert_group" for r in mixed)
