@@ -2,7 +2,8 @@
 
 The platform YAML declares what is free (`fit: [{param: npu_graph_peak_flops, low: .., high: ..}, ...]`, log-uniform
 priors on [low, high]). Only rows with the platform's `chip` and role `fit` are used (whole-model rows are
-validate-only by the loader's rule). The fit always prices with the graph-level structure (graph_cost.py).
+validate-only by the loader's rule). A platform with the graph-level NPU parameters is fitted with that structure
+(graph_cost.py; the written YAML has `graph_model` on); one without them with its own structure.
 
 - Point: least squares on log(predicted / measured) over log-parameters within the bounds (scipy least_squares,
   several starts: the sourced values and seeded random points in the box); power rows compare the modeled power
@@ -71,9 +72,19 @@ def fit_rows(df, platform):
     return rows.reset_index(drop=True)
 
 
+GRAPH_NEEDS = ("graph_peak_flops", "attention_flops", "decompress_params_s")
+
+
+def fits_graph_structure(platform) -> bool:
+    """A platform whose NPU role has the graph-level parameters is fitted with that structure (graph_model 1);
+    one without them (e.g. the host's `cpu` platform before it gains them) with its own structure."""
+    return all(getattr(platform.npu, k) is not None for k in GRAPH_NEEDS)
+
+
 def _base_params(platform) -> dict:
     base = platform_params(platform)
-    base["npu_graph_model"] = np.array([1.0])          # a fit is of the graph-level structure
+    if fits_graph_structure(platform):
+        base["npu_graph_model"] = np.array([1.0])
     return base
 
 
@@ -163,10 +174,12 @@ def fitted_yaml(platform, res: FitResult, today: str) -> dict:
                                        f"{len(ids)} micro-benchmark rows of {platform.chip} ({today})",
            "kind": p["kind"], "chip": platform.chip, "npu_shares_cpu": p["npu_shares_cpu"],
            "assumptions": list(p.get("assumptions", [])) + [
-               "Graph-level NPU structure (devices/graph_cost.py); fitted values marked in their source."],
+               "Fitted by fit-device (devices/fit.py); fitted values are marked in their source."],
            "npu": {k: dict(v) for k, v in p["npu"].items()}, "cpu": {k: dict(v) for k, v in p["cpu"].items()}}
-    doc["npu"]["graph_model"].update(value=1, source="fit-device: the graph-level structure (the one fitted)",
-                                     confidence="M")
+    if fits_graph_structure(platform):
+        doc["npu"]["graph_model"] = {**doc["npu"].get("graph_model", {"unit": "flag", "note": "0 roofline, 1 graph"}),
+                                     "value": 1, "source": "fit-device: the graph-level structure (the one fitted)",
+                                     "confidence": "M"}
     for i, knob in enumerate(res.names):
         role, _, key = knob.partition("_")
         entry = doc[role][key]

@@ -10,6 +10,7 @@ from npumoe_lab.devices.fit import fit_platform
 from npumoe_lab.devices.measurements import load_measurements
 from npumoe_lab.devices.platform import get_platform
 from npumoe_lab.devices.workload import row_op
+from npumoe_lab.utils import REPO_ROOT
 
 TRUTH = {"npu_direct_dispatch_s": 1.5e-4, "npu_graph_peak_flops": 8e12, "npu_work_half_flops": 3e8,
          "npu_bandwidth_bytes_s": 9e10, "npu_attention_flops": 1.5e12}
@@ -19,7 +20,7 @@ BOUNDS = {"npu_direct_dispatch_s": (1e-5, 1e-3), "npu_graph_peak_flops": (1e12, 
 
 
 def _platform(tmp_path, fit=TRUTH):
-    raw = yaml.safe_load(open("npumoe_lab/devices/platforms/m2-max.yaml"))
+    raw = yaml.safe_load(open(REPO_ROOT / "npumoe_lab/devices/platforms/m2-max.yaml"))
     raw.update(name="toy", chip="host-toy", fit=[{"param": k, "low": BOUNDS[k][0], "high": BOUNDS[k][1]}
                                                  for k in fit])
     path = tmp_path / "toy.yaml"

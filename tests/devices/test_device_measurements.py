@@ -6,6 +6,7 @@ import yaml
 from npumoe_lab.devices.measurements import KINDS, WHOLE_KINDS, load_measurements
 from npumoe_lab.devices.workload import row_op
 from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.utils import REPO_ROOT
 
 GOOD = {"id": "r1", "chip": "m2-max", "device": "npu", "path": "coreml", "kind": "gemm",
         "work": {"gemms": [[64, 128, 256, 2]], "weight_format": "fp16", "calls": 3}, "measured_s": 1e-3,
@@ -91,7 +92,7 @@ def test_forward_row_work_as_opcost():
 
 
 def test_shipped_measurements_obey_the_rule():
-    df = load_measurements("data/measurements")
+    df = load_measurements(REPO_ROOT / "data/measurements")
     assert df.id.is_unique and set(df.kind) <= set(KINDS)
     assert not ((df.role == "fit") & df.kind.isin(WHOLE_KINDS)).any()       # whole models: validate only
     assert (df.role == "fit").sum() >= 30 and (df.role == "validate").sum() >= 10

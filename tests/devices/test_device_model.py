@@ -10,6 +10,7 @@ from npumoe_lab.devices.platform import get_platform, parse_platform_spec, resol
 from npumoe_lab.devices.price import op_columns, platform_params, price, with_draws
 from npumoe_lab.devices.workload import row_op
 from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.utils import REPO_ROOT
 
 GRAPH = "m2-max[npu_graph_model=graph]"
 
@@ -41,7 +42,7 @@ def test_fused_graph_beats_single_op_rate():
 
 
 def _ops_of_every_kind():
-    df = load_measurements("data/measurements")
+    df = load_measurements(REPO_ROOT / "data/measurements")
     ops = [(r.device, row_op(r), r.path) for r in df.itertuples()]
     ops += [("npu", expert_ffn_cost(8, 32, 1024, 512, weight_bytes=0.5), "coreml"),
             ("npu", attention_cost(128, 3000, 2048, 32, 4, 64), "coreml"),
@@ -108,7 +109,7 @@ def test_platform_specs(tmp_path):
         ("m2-max", {"npu_dispatch_s": 4e-4, "npu_graph_model": "graph"})
     assert get_platform("m2-max[npu_dispatch_s=4e-4]").npu.dispatch_s == 4e-4
     path = tmp_path / "mine.yaml"
-    text = open("npumoe_lab/devices/platforms/m2-max.yaml").read().replace("name: m2-max", "name: mine", 1)
+    text = open(REPO_ROOT / "npumoe_lab/devices/platforms/m2-max.yaml").read().replace("name: m2-max", "name: mine", 1)
     path.write_text(text)
     mine = get_platform(f"{path}[npu_sync_s=0]")
     assert (mine.name, mine.chip, mine.npu.sync_s) == ("mine", "m2-max", 0.0)
