@@ -23,8 +23,9 @@ SUBCOMMANDS = {
     "graphs.convert": ["convert"],
     "studies.tune": ["tune"],
     "studies.adaptive": ["drift"],
+    "experiments.measure": ["measure"],
     "devices.fit": ["fit-device"],
-    "devices.validate": ["validate-device"],
+    "experiments.validate_runs": ["validate-device"],
 }
 
 
@@ -49,6 +50,7 @@ SUMMARIES = {
     "paper-check": "the device model against every number of the paper's results it can predict",
     "tune": "search plan knobs for a drop-rate or TTFT budget (Pareto front)",
     "drift": "calibrate on one domain, run another: the drift monitor and recalibration",
+    "measure": "micro-benchmark this machine's ops (cpu | onnxruntime | coreml) into measurement rows",
 }
 
 

@@ -27,6 +27,7 @@ import yaml
 
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.utils import progress
+from npumoe_lab.devices.cpu_fit import fit_cli
 from npumoe_lab.devices.measurements import load_measurements
 from npumoe_lab.devices.platform import resolve_platform
 from npumoe_lab.devices.price import op_columns, platform_params, power, price, with_draws
@@ -222,6 +223,8 @@ def register_cli(sub) -> None:
     p.add_argument("--steps", type=int, default=8000, help="emcee steps per walker (the first third is burn-in)")
     p.add_argument("--walkers", type=int, default=0, help="emcee walkers (0: 4 x dimensions, at least 32)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--include-busy", action="store_true",
+                   help="cpu platform: fit on rows flagged host_busy too (a busy host; the fit file says so)")
     p.set_defaults(func=_cli)
 
 
@@ -229,6 +232,8 @@ def _cli(a: argparse.Namespace) -> int:
     if a.steps < 30:
         raise NpuMoeError(f"--steps {a.steps} is too few for a posterior; use at least 30 (default 8000)")
     platform = resolve_platform(a.platform)
+    if platform.kind == "measured":     # this host: its op-level model is fitted on `measure` rows (cpu_fit.py)
+        return fit_cli(a)
     res = fit_platform(platform, load_measurements(a.measurements), steps=a.steps, walkers=a.walkers, seed=a.seed)
     path = write_fit(platform, res, Path(a.out))
     err = np.abs(np.expm1(res.point_residuals))

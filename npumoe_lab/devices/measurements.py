@@ -32,11 +32,15 @@ CHIPS = ("m1", "m1-pro", "m1-max", "m1-ultra", "m2", "m2-pro", "m2-max", "m2-ult
          "m3-ultra", "m4", "m4-pro", "m4-max", "m5", "m5-pro", "m5-max", "a16", "a17-pro")
 HOST_CHIP = re.compile(r"^host-[a-z0-9][a-z0-9_.-]*$")      # this machine: host-<host profile key>
 REQUIRED = ("id", "chip", "device", "path", "kind", "work", "measured_s", "source", "confidence", "role")
-OPTIONAL = ("power_w", "energy_j", "note", "covers")
-GEMM_WORK = ("gemms", "act_gemms", "weight_format", "calls", "activation_elems", "stream_bytes")
-FORWARD_WORK = ("geometry", "rows", "context", "calls", "layers", "weight_format", "lm_head")
+# host rows (`npumoe-lab measure`, experiments/measure.py) also say how busy the host was and how spread the repeats
+HOST_FIELDS = ("host_busy", "host_busy_reason", "host_other_cores", "iqr_s", "repeats")
+OPTIONAL = ("power_w", "energy_j", "note", "covers") + HOST_FIELDS
+# op-level host rows add the engine op they time: work.op (ops.OP_KINDS) and work.cost (its recorded OpCost)
+OP_WORK = ("op", "cost")
+GEMM_WORK = ("gemms", "act_gemms", "weight_format", "calls", "activation_elems", "stream_bytes", "rows") + OP_WORK
+FORWARD_WORK = ("geometry", "rows", "context", "calls", "layers", "weight_format", "lm_head", "gemms") + OP_WORK
 COLUMNS = ("id", "file", "chip", "device", "path", "kind", "role", "confidence", "measured_s", "power_w", "energy_j",
-           "work", "source_ref", "source_read", "covers", "note")
+           "work", "source_ref", "source_read", "covers", "note", "host_busy")
 
 
 def known_chip(chip) -> bool:
@@ -58,10 +62,26 @@ def _check_gemm_list(name, value, where):
                           f"got {value!r}")
 
 
+def _check_op_work(work, where) -> None:
+    """work.op + work.cost of an op-level host row: the engine op kind and the OpCost it recorded."""
+    cost = work.get("cost")
+    ok = isinstance(work.get("op"), str) and isinstance(cost, dict) and \
+        all(isinstance(cost.get(k), (int, float)) and not isinstance(cost.get(k), bool) and cost[k] >= 0
+            for k in ("flops", "bytes")) and _whole(cost.get("calls")) and \
+        (cost.get("gemm") is None or (isinstance(cost["gemm"], list) and len(cost["gemm"]) == 3
+                                      and all(_whole(x) for x in cost["gemm"]))) and \
+        isinstance(cost.get("shape", []), list) and all(_whole(x, 0) for x in cost.get("shape", []))
+    if not ok:
+        raise NpuMoeError(f"{where}: an op-level row needs work.op (an engine op kind) and work.cost {{flops, bytes, "
+                          f"calls, gemm: [M, N, K] or null, shape: [...]}}, got op={work.get('op')!r} cost={cost!r}")
+
+
 def _check_work(work, kind, where) -> None:
     if not isinstance(work, dict):
         raise NpuMoeError(f"{where}: work must be a mapping (gemms + weight_format + calls, or geometry + rows + "
                           f"context + calls + weight_format), got {work!r}")
+    if "op" in work or "cost" in work:
+        _check_op_work(work, where)
     fmt = work.get("weight_format")
     if fmt not in WEIGHT_FORMATS:
         raise NpuMoeError(f"{where}: work.weight_format {fmt!r} is unknown; use one of {', '.join(WEIGHT_FORMATS)}")
@@ -145,7 +165,7 @@ def check_row(row: dict, where: str) -> dict:
             "power_w": None if pw is None else float(pw),
             "energy_j": None if row.get("energy_j") is None else float(row["energy_j"]), "work": row["work"],
             "source_ref": src["ref"], "source_read": src["read"], "covers": row.get("covers", ""),
-            "note": row.get("note", "")}
+            "note": row.get("note", ""), "host_busy": bool(row.get("host_busy", False))}
 
 
 def _files(path_or_dir) -> list[Path]:

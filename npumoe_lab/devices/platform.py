@@ -234,9 +234,22 @@ def _read_yaml(name: str) -> dict:
 
 
 def _read_path(path: Path) -> dict:
+    """The validated raw YAML of a platform file; parsed once per (path, modification time): a fit's posterior
+    draws make the file large, and sensitivity loads it with hundreds of overrides. Callers deep-copy it."""
+    try:
+        stamp = Path(path).stat().st_mtime_ns
+    except OSError as exc:
+        raise NpuMoeError(f"{path}: cannot read the platform file ({exc.strerror})") from None
+    return _read_path_cached(str(path), stamp)
+
+
+@functools.lru_cache(maxsize=64)
+def _read_path_cached(name: str, stamp: int) -> dict:
+    path = Path(name)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         with open(path) as f:
-            raw = yaml.safe_load(f)
+            raw = yaml.load(f, Loader=loader)  # noqa: S506 - a safe loader (the C one where built)
     except yaml.YAMLError as exc:
         raise NpuMoeError(f"{path}: not valid YAML ({str(exc).splitlines()[0]}); fix the file") from None
     except OSError as exc:

@@ -100,6 +100,7 @@ class _Run:
     chunk: int
     plan: object                     # a given Plan or None
     knobs: dict                      # the plan knobs given (None values dropped for building plans)
+    prompt_len: int = 0
     refs: list = field(default_factory=list)        # per sample (ReferenceLogits, reference score)
     shared: dict = field(default_factory=dict)      # numerics key -> per sample Numerics
 
@@ -129,7 +130,7 @@ class _Run:
             plan = Plan.load(plan, model=model_obj)
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
         return _Run(model_obj, tok, name, vlist, plats, wl, samples, describe(model_obj), model_fingerprint(model_obj),
-                    numerics_fields, pad_id, chunk, plan, plan_knobs)
+                    numerics_fields, pad_id, chunk, plan, plan_knobs, prompt_len)
 
     def score(self, sample, res) -> dict:
         """Score from an existing prefill; decoding runs the normal (dropless) path."""
@@ -214,7 +215,9 @@ class _Run:
                             res = run_prefill(self.model, ids, config, measure_hf_experts=v.experts == "hf")
                     p.per_rep[r].append(res.summary)
                     if timeline and r == 0:
-                        tl_frames.append(to_frame(res.events).assign(variant=v.name, platform=plat.name, sample=i))
+                        tl_frames.append(to_frame(res.events, res.ops).assign(
+                            variant=v.name, platform=plat.name, sample=i, model=self.name,
+                            prompt_len=self.prompt_len, run_chunk=self.chunk))
                     if r == 0:
                         if prior:
                             sc, agree = prior[i].score, prior[i].agreement
