@@ -188,7 +188,7 @@ def group_rows(model, geometry, capacity, sizes, repeats, device, npu_backend, d
     for j, (_, gs) in enumerate(timed):
         G, C, I = len(gs.experts), gs.capacity, spec.intermediate
         cost = expert_ffn_cost(G, C, H, I, dtype_bytes=2, weight_bytes=2)
-        op = Op(f"group{gs.group_id}", "expert_group", "npu", spec.layer, 0, cost, (G, C, H, I))
+        op = Op(f"group{gs.id}", "expert_group", "npu", spec.layer, 0, cost, (G, C, H, I))
         rows.append(_row(f"{geometry}-group-G{G}-C{C}", op, times[j], load, device, geometry, dtype_name,
                          {"gemms": [[C, 2 * I, H, G], [C, H, I, G]], "rows": C},
                          note=f"one static group of {G} experts at capacity {C} (every slot computed), called as "
