@@ -1,5 +1,8 @@
-"""`npumoe-lab` console script. Each subcommand lives next to the code it drives: a module listed in
-SUBCOMMANDS defines `register_cli(subparsers)` that adds its parser and sets `func=handler(args) -> int`."""
+"""`npumoe-lab` console script (`npumoe_lab.cli:main`, `python -m npumoe_lab.cli`). Every argparse wiring lives in
+this package, one module per command: SUBCOMMANDS maps a command to its module (npumoe_lab/cli/<module>.py), which
+defines `register_cli(subparsers)` adding the command's parser with `func=handler(args) -> int`. Handlers import
+the domain code they drive inside the function (domain modules expose plain functions and know nothing of argparse),
+so a command's `--help` parses without torch or pandas."""
 from __future__ import annotations
 
 import argparse
@@ -9,20 +12,22 @@ import sys
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.results.outdir import check_writable
 
-# module (relative to npumoe_lab) -> subcommands it provides (imported lazily so `--help` stays fast)
+# command -> its module in npumoe_lab/cli/ (imported only for the command asked for, so `--help` stays fast)
 SUBCOMMANDS = {
-    "train.trainer": ["train-tiny"],
-    "execution.calibrate": ["calibrate"],
-    "planning.plan": ["plan"],
-    "experiments.runner": ["run", "platforms"],
-    "experiments.sweep": ["sweep"],
-    "sim.run": ["simulate"],
-    "sim.sensitivity": ["sensitivity"],
-    "sim.papercheck": ["paper-check"],
-    "viz.plots": ["figures"],
-    "graphs.convert": ["convert"],
-    "studies.tune": ["tune"],
-    "studies.adaptive": ["drift"],
+    "train-tiny": "train_tiny",
+    "calibrate": "calibrate",
+    "plan": "plan",
+    "run": "run",
+    "platforms": "platforms",
+    "sweep": "sweep",
+    "figures": "figures",
+    "convert": "convert",
+    "simulate": "simulate",
+    "sensitivity": "sensitivity",
+    "paper-check": "paper_check",
+    "tune": "tune",
+    "drift": "drift",
+    "demo": "demo",
 }
 
 
@@ -45,6 +50,7 @@ SUMMARIES = {
     "paper-check": "the device model against every number of the paper's results it can predict",
     "tune": "search plan knobs for a drop-rate or TTFT budget (Pareto front)",
     "drift": "calibrate on one domain, run another: the drift monitor and recalibration",
+    "demo": "the demo: calibrate, plan, the demo sweep, every figure and SUMMARY.md in one folder",
 }
 
 
@@ -53,20 +59,11 @@ def build_parser(argv) -> argparse.ArgumentParser:
                                      epilog="`npumoe-lab COMMAND --help` describes a command's options")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = argv[0] if argv else None
-    if wanted in (None, "-h", "--help") or not any(wanted in c for c in SUBCOMMANDS.values()):
-        for commands in SUBCOMMANDS.values():     # names only: argparse lists (or rejects) them
-            for name in commands:
-                sub.add_parser(name, help=SUMMARIES.get(name, ""))
+    if wanted not in SUBCOMMANDS:
+        for name in SUBCOMMANDS:     # names only: argparse lists (or rejects) them
+            sub.add_parser(name, help=SUMMARIES.get(name, ""))
         return parser
-    for module, commands in SUBCOMMANDS.items():
-        if wanted in commands:
-            try:
-                mod = importlib.import_module(f"npumoe_lab.{module}")
-            except ModuleNotFoundError as exc:  # a part not built yet: keep the others working
-                if not exc.name or not exc.name.startswith("npumoe_lab"):
-                    raise
-                continue
-            mod.register_cli(sub)
+    importlib.import_module(f"npumoe_lab.cli.{SUBCOMMANDS[wanted]}").register_cli(sub)
     return parser
 
 

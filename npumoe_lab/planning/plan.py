@@ -19,9 +19,9 @@ from npumoe_lab.planning.profile import CalibrationProfile
 from npumoe_lab.devices import get_platform
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.planning.grouping import make_groups_with_notes
-from npumoe_lab.planning.knobs import PlanKnobs, add_knob_arguments, knobs_from_args
+from npumoe_lab.planning.knobs import PlanKnobs
 from npumoe_lab.planning.layout import ExecutionLayout
-from npumoe_lab.models import describe, load_model, model_fingerprint
+from npumoe_lab.models import describe, model_fingerprint
 from npumoe_lab.planning.residency import assign_residency, fit_budget
 from npumoe_lab.core.saliency import check_rule
 from npumoe_lab.planning.tiers import assign_tiers, expected_drop_rate, expected_kept_tokens, expected_padding
@@ -276,32 +276,3 @@ def variant_plan(profile, variant: str, model_or_specs=None, **knobs) -> Plan:
     if v.experts != "plan":
         raise NpuMoeError(f"variant {variant!r} runs its experts without a plan ({v.experts}); nothing to build")
     return build_plan(profile, model_or_specs, **{**knobs, **v.plan_overrides})
-
-
-# -- CLI -------------------------------------------------------------------------------------------------
-def _cli(args) -> int:
-    if args.show:
-        print(Plan.load(args.show).summary())
-        return 0
-    if not args.profile or not args.out:
-        raise NpuMoeError("plan needs --profile DIR and --out PLAN.json (or --show PLAN.json)")
-    model = load_model(args.model)[0] if args.model else None
-    kw = dict(knobs_from_args(args), platform=None if args.platform == "none" else args.platform)
-    plan = variant_plan(args.profile, args.variant, model, **kw) if args.variant else \
-        build_plan(args.profile, model, **kw)
-    plan.save(args.out)
-    print(plan.summary())
-    print(f"wrote {args.out}")
-    return 0
-
-
-def register_cli(subparsers) -> None:
-    p = subparsers.add_parser("plan", help="build a static capacity/group/residency plan from a calibration profile")
-    p.add_argument("--profile", help="calibration profile directory (npumoe-lab calibrate --out)")
-    p.add_argument("--out", help="plan JSON to write")
-    p.add_argument("--show", metavar="PLAN.json", help="print the summary of an existing plan and exit")
-    p.add_argument("--model", help="check the profile against this model ('tiny' or a directory)")
-    p.add_argument("--variant", help="force a variant's knobs (npumoe-base, npumoe-t, npumoe-tg, npumoe, naive-npu)")
-    p.add_argument("--platform", default="m2-max", help="platform name, or 'none' for no device limits")
-    add_knob_arguments(p)
-    p.set_defaults(func=_cli)

@@ -301,16 +301,3 @@ def _sweep_lines(df, x, metrics, figure):
             pk.finish(ax, title, st.attrs.get("source"))
     pk.variant_legend(fig, variants)
     return fig
-
-
-def register_cli(subparsers) -> None:
-    p = subparsers.add_parser("figures", help="make every paper figure the results allow (PDF + PNG)")
-    p.add_argument("results", help="results folder (rows from `npumoe-lab run` / `sweep`)")
-    p.add_argument("--out", required=True, help="folder for the figures")
-    p.set_defaults(func=_cli)
-
-
-def _cli(args) -> int:
-    for path in make_all_figures(args.results, args.out):
-        print(path)
-    return 0
