@@ -1,12 +1,15 @@
 """`npumoe-lab calibrate`: per-expert routed-token counts per prefill chunk (a calibration profile folder)."""
 from __future__ import annotations
 
+from npumoe_lab.cli.common import add_dtype_argument
+
 
 def _calibrate(args) -> int:
     # lazy: torch and the model load only when the command runs (`--help` stays fast)
     from npumoe_lab.execution.calibrate import calibrate
+    from npumoe_lab.core.cpu_features import resolve_dtype
     from npumoe_lab.models import load_model
-    model, tokenizer = load_model(args.model, dtype=args.dtype)
+    model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype))   # the policy run uses
     profile = calibrate(model, tokenizer, args.workload, args.chunk, args.tokens, args.seed, args.out)
     print(profile.summary().to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print(f"wrote {args.out} ({profile.meta['n_tokens']} tokens, {profile.meta['n_chunks']} chunks)")
@@ -21,6 +24,6 @@ def register_cli(subparsers) -> None:
     p.add_argument("--tokens", "--calib-tokens", dest="tokens", type=int, default=16384,
                    help="calibration tokens (default 16384; `--calib-tokens` as in run/tune/drift)")
     p.add_argument("--seed", type=int, default=0, help="seed of the document order (default 0)")
-    p.add_argument("--dtype", default=None, help="model dtype (default float32)")
+    add_dtype_argument(p)
     p.add_argument("--out", default="results/profile", help="output directory of the profile (default results/profile)")
     p.set_defaults(func=_calibrate)

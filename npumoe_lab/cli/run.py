@@ -1,6 +1,7 @@
 """`npumoe-lab run`: variants x platforms on a workload -> result rows (and the median table, the ablation line)."""
 from __future__ import annotations
 
+from npumoe_lab.cli.common import add_dtype_argument
 from npumoe_lab.cli.knob_flags import add_knob_arguments, knobs_from_args
 
 WORKLOADS = ("ruler-multikey", "ruler-vt", "fewshot-cls", "lm-heldout", "boolq", "hellaswag")   # = list_workloads()
@@ -57,8 +58,7 @@ def register_cli(sub) -> None:
                    help="what runs resident groups on a measured platform (default: torch in process)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads for the run (default: torch's own choice); recorded per row")
-    p.add_argument("--dtype", default="auto",
-                   help="model dtype: auto (this CPU's fast dtype: bf16 with avx512_bf16/AMX, else fp32), fp32, bf16")
+    add_dtype_argument(p)
     p.add_argument("--drift", action="store_true", help="monitor routing drift of the plan variants (drift_* columns)")
     p.add_argument("--out", default="results/run", help="results folder (default results/run; rows never replace earlier rows)")
     p.set_defaults(func=_run)

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from npumoe_lab.core.cpu_features import dtype_name
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.planning.profile import CalibrationProfile
 from npumoe_lab.models import describe, model_fingerprint
@@ -175,6 +176,7 @@ def calibrate(model, tokenizer, workload: str = "mixed", chunk: int = 512, token
     counts, stats, coact = acc.frames()
     meta = {"model_fingerprint": model_fingerprint(model),
             "model": str(getattr(model.config, "_name_or_path", "") or type(model).__name__),
+            "dtype": dtype_name(next(model.parameters()).dtype),    # what the routing was counted in (recorded)
             "workload": workload if text is None else "text", "chunk": chunk, "n_tokens": n_tokens,
             "requested_tokens": tokens, "n_chunks": n_tokens // chunk, "n_documents": len(used), "context": ctx,
             "seed": seed, "layers": [dict(vars(s)) for s in specs], **provenance(),

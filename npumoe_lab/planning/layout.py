@@ -83,7 +83,8 @@ class ExecutionLayout:
     def check_model(self, fingerprint: str) -> None:
         if self.model_fingerprint is not None and fingerprint != self.model_fingerprint:
             raise NpuMoeError(f"the plan was built for model {self.model_fingerprint[:12]} but this model is "
-                              f"{fingerprint[:12]}; calibrate and plan this model (npumoe-lab calibrate / plan)")
+                              f"{fingerprint[:12]}: other weights (the fingerprint does not depend on the dtype: fp32, bf16 and "
+                              "fp16 loads of one checkpoint share it); calibrate and plan this model")
 
     @staticmethod
     def build(specs, groups: dict, saliency: str = "weight_x_norm", renormalize: bool = False,

@@ -101,8 +101,14 @@ class Plan:
     def check_model(self, model_or_fingerprint) -> None:
         fp = model_or_fingerprint if isinstance(model_or_fingerprint, str) else _fingerprint(model_or_fingerprint)
         if fp != self.model_fingerprint:
+            planned = self.calibration.get("dtype")
+            have = None if isinstance(model_or_fingerprint, str) else _dtype_of(model_or_fingerprint)
+            dtypes = (f" (calibrated in {planned}, this model is loaded in {have}: an fp16 load of an fp32/bf16 "
+                      "checkpoint rounds its weights differently; load it in fp32 or bf16)"
+                      if planned and have == "fp16" and planned != have else "")
             raise NpuMoeError(f"the plan was built for model {self.model_fingerprint[:12]} but this model is "
-                              f"{fp[:12]}; calibrate and plan this model (npumoe-lab calibrate / plan)")
+                              f"{fp[:12]}: other weights{dtypes} (the fingerprint does not depend on the dtype a run "
+                              "computes in); calibrate and plan this model (npumoe-lab calibrate / plan)")
 
     def build_kwargs(self) -> dict:
         """The build_plan keyword arguments this plan was built with (for variant_plan / rebuilding)."""
@@ -186,7 +192,8 @@ def _specs(profile, model_or_specs) -> list:
     fp = _fingerprint(model_or_specs)
     if fp != profile.meta["model_fingerprint"]:
         raise NpuMoeError(f"the calibration profile is of model {profile.meta['model_fingerprint'][:12]} but this "
-                          f"model is {fp[:12]}; calibrate this model first (npumoe-lab calibrate)")
+                          f"model is {fp[:12]}: other weights (the fingerprint does not depend on the dtype); calibrate this model "
+                          "first (npumoe-lab calibrate)")
     return describe(model_or_specs)
 
 
@@ -266,7 +273,13 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", **knobs) -> Plan
     meta = profile.meta
     return Plan(model_fingerprint=meta["model_fingerprint"], chunk=profile.chunk, saliency=saliency,
                 renormalize=bool(renormalize), platform=getattr(plat, "name", plat), knobs=knobs, layers=layers,
-                calibration={k: meta.get(k) for k in ("workload", "n_tokens", "n_chunks", "created", "model")})
+                calibration={k: meta.get(k) for k in ("workload", "n_tokens", "n_chunks", "created", "model", "dtype")})
+
+
+def _dtype_of(model) -> str | None:
+    params = getattr(model, "parameters", None)
+    p = next(params(), None) if params else None
+    return {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}.get(str(getattr(p, "dtype", "")))
 
 
 def variant_plan(profile, variant: str, model_or_specs=None, **knobs) -> Plan:
