@@ -141,7 +141,7 @@ def _archive_stale_sweep(sweep_dir: Path, fingerprint: str) -> None:
     if not sweep_dir.is_dir():
         return
     try:
-        old = set(load_results(sweep_dir)["model_fingerprint"].dropna())
+        old = set(load_results(sweep_dir, include_failed=True)["model_fingerprint"].dropna())
     except (NpuMoeError, KeyError):
         return
     if old and old != {fingerprint}:

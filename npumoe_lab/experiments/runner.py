@@ -248,8 +248,10 @@ def ablation_report(df: pd.DataFrame) -> str:
 
 
 def median_table(df: pd.DataFrame, cols) -> str:
-    """One line per (variant, platform): the median over repeats of each number (what the ablation line uses)."""
+    """One line per (variant, platform): the median over repeats of each number (what the ablation line uses).
+    Columns the rows do not have are left out (modeled-only runs have no IQR or host_busy columns)."""
     keys = ["variant", "platform"]
+    cols = [c for c in cols if c in df.columns]
     g = df.groupby(keys, sort=False)
     num = [c for c in cols if c not in keys and pd.api.types.is_numeric_dtype(df[c]) and df[c].dtype != bool]
     other = [c for c in cols if c not in keys and c not in num]

@@ -134,8 +134,8 @@ def run_cell(task: dict) -> dict:
                 _run_notebook(task, cell_dir)
         except Exception as exc:  # noqa: BLE001 - a failed cell must not stop the sweep
             error, trace = _describe(exc)
-            write_json(cell_dir / FAILED, {**info, "error": error, "traceback": trace,
-                                           "duration_s": time.time() - started, "finished": _iso(time.time())})
+            record_failure(cell_dir, {**info, "error": error, "traceback": trace,
+                                      "duration_s": time.time() - started, "finished": _iso(time.time())})
             return {"status": "failed", "error": error, "duration_s": time.time() - started}
         duration = time.time() - started
         rows = sorted(p.name for p in cell_dir.glob("*.parquet") if not p.name.startswith("."))
@@ -143,6 +143,18 @@ def run_cell(task: dict) -> dict:
                                      "row_files": rows})
         _say(f"[sweep] cell {task['key']} done in {duration:.0f} s: {cell_label(task['params'])}")
         return {"status": "done", "duration_s": duration}
+
+
+def record_failure(cell_dir: Path, payload: dict) -> bool:
+    """Write FAILED.json, best-effort: a cell without DONE.json is retried and never loaded anyway, so a full disk
+    or a vanished folder must not crash the whole sweep (one line on stderr says what could not be written)."""
+    try:
+        write_json(Path(cell_dir) / FAILED, payload)
+        return True
+    except OSError as exc:
+        _say(f"[sweep] cell {payload.get('cell')}: could not write {FAILED} ({exc.strerror or exc}); the cell "
+             "counts as failed and re-runs next time")
+        return False
 
 
 def _run_notebook(task: dict, cell_dir: Path) -> None:
@@ -215,8 +227,8 @@ def _outcome(task: dict, result) -> CellOutcome:
     cell_dir = Path(task["cell_dir"])
     if isinstance(result, BaseException):  # the worker itself died: record it like a notebook failure
         error, trace = _describe(result)
-        write_json(cell_dir / FAILED, {"cell": task["key"], "params": task["params"], "error": error,
-                                       "traceback": trace, "finished": _iso(time.time())})
+        record_failure(cell_dir, {"cell": task["key"], "params": task["params"], "error": error,
+                                  "traceback": trace, "finished": _iso(time.time())})
         result = {"status": "failed", "error": error}
     return CellOutcome(task["key"], task["params"], cell_dir, result["status"], result.get("duration_s"),
                        result.get("error"))
