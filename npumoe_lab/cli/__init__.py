@@ -6,6 +6,7 @@ so a command's `--help` parses without torch or pandas."""
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
 
@@ -30,6 +31,8 @@ SUBCOMMANDS = {
     "demo": "demo",
 }
 
+
+DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}   # a write the user can fix: one line, not a traceback
 
 # commands whose --out is a file (the others write into a folder)
 OUT_IS_FILE = {"plan"}
@@ -80,6 +83,12 @@ def main(argv=None) -> int:
         return int(args.func(args) or 0)
     except NpuMoeError as exc:
         print(f"npumoe-lab {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        if exc.errno not in DISK_ERRORS:
+            raise
+        print(f"npumoe-lab {args.command}: error: could not write {exc.filename or 'a file'} ({exc.strerror}); "
+              "free some space or choose another --out", file=sys.stderr)
         return 2
 
 

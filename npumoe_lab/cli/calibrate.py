@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from npumoe_lab.cli.common import add_dtype_argument
+from npumoe_lab.cli.output import writes
 
 
 def _calibrate(args) -> int:
@@ -10,8 +11,10 @@ def _calibrate(args) -> int:
     from npumoe_lab.core.cpu_features import resolve_dtype
     from npumoe_lab.models import load_model
     model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype))   # the policy run uses
-    profile = calibrate(model, tokenizer, args.workload, args.chunk, args.tokens, args.seed, args.out)
-    print(profile.summary().to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    profile = calibrate(model, tokenizer, args.workload, args.chunk, args.tokens, args.seed)
+    print(profile.summary().to_string(index=False, float_format=lambda x: f"{x:.3f}"), flush=True)
+    with writes(args.out, "the summary is printed above"):       # after printing: a full disk cannot lose it
+        profile.save(args.out)
     print(f"wrote {args.out} ({profile.meta['n_tokens']} tokens, {profile.meta['n_chunks']} chunks)")
     return 0
 

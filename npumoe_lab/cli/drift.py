@@ -2,6 +2,7 @@
 recalibration."""
 from __future__ import annotations
 
+from npumoe_lab.cli.output import writes
 from npumoe_lab.execution.drift_limits import POLICIES, DriftLimits
 from npumoe_lab.workloads.texts import DOMAINS
 
@@ -19,7 +20,8 @@ def _drift(args) -> int:
     print(rep.text())
     print(rep.per_chunk.to_string(index=False))
     if args.out:
-        paths = rep.save(args.out)
+        with writes(args.out, "the report is printed above"):
+            paths = rep.save(args.out)
         print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 

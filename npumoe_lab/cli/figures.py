@@ -1,8 +1,10 @@
 """`npumoe-lab figures`: every paper figure the result rows allow (PDF + PNG)."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+from npumoe_lab.cli.output import writes
 from npumoe_lab.results.outdir import check_writable
 
 
@@ -10,7 +12,9 @@ def _figures(args) -> int:
     from npumoe_lab.viz.plots import make_all_figures      # lazy: matplotlib and pandas load only when run
     out = args.out or str(Path(args.results) / "figures")
     check_writable(out)
-    for path in make_all_figures(args.results, out):
+    with writes(out, "no figure is kept half-drawn"):
+        paths = make_all_figures(args.results, out, log=lambda line: print(line, file=sys.stderr))
+    for path in paths:
         print(path)
     return 0
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from npumoe_lab.cli.output import save_png, writes
+
 
 def _paper_check(a) -> int:
     # lazy: pandas, torch and matplotlib load only when the command runs (`--help` stays fast)
@@ -13,14 +15,15 @@ def _paper_check(a) -> int:
     t0 = time.perf_counter()
     table, sens, df = paper_check(a.routing, a.seed, not a.no_sensitivity)
     out = Path(a.out)
-    write_rows(df, out / "grid")
     text = markdown(table, sens, a.routing)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "PAPERCHECK.md").write_text(text)
-    table.to_csv(out / "paper_check.csv", index=False)
-    paper_check_figure(table).savefig(out / "paper_check.png", dpi=150, bbox_inches="tight")
-    print(text + f"\n{len(table)} quantities in {time.perf_counter() - t0:.0f} s; written to {out} "
-                 "(PAPERCHECK.md, paper_check.csv, paper_check.png, grid/)")
+    print(text + f"\n{len(table)} quantities in {time.perf_counter() - t0:.0f} s", flush=True)   # before any write
+    with writes(out, "the table is printed above"):
+        write_rows(df, out / "grid")
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "PAPERCHECK.md").write_text(text)
+        table.to_csv(out / "paper_check.csv", index=False)
+        save_png(paper_check_figure(table), out / "paper_check.png")
+    print(f"written to {out} (PAPERCHECK.md, paper_check.csv, paper_check.png, grid/)")
     return 0
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from npumoe_lab.cli.common import add_dtype_argument
 from npumoe_lab.cli.knob_flags import add_knob_arguments, knobs_from_args
+from npumoe_lab.cli.output import writes
 from npumoe_lab.errors import NpuMoeError
 
 
@@ -20,8 +21,9 @@ def _plan(args) -> int:
     kw = dict(knobs_from_args(args), platform=None if args.platform == "none" else args.platform)
     plan = variant_plan(args.profile, args.variant, model, **kw) if args.variant else \
         build_plan(args.profile, model, **kw)
-    plan.save(args.out)
-    print(plan.summary())
+    print(plan.summary(), flush=True)
+    with writes(args.out, "the summary is printed above"):
+        plan.save(args.out)
     print(f"wrote {args.out}")
     return 0
 

@@ -1,8 +1,11 @@
 """`npumoe-lab run`: variants x platforms on a workload -> result rows (and the median table, the ablation line)."""
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from npumoe_lab.cli.common import add_dtype_argument
 from npumoe_lab.cli.knob_flags import add_knob_arguments, knobs_from_args
+from npumoe_lab.cli.output import writes
 
 WORKLOADS = ("ruler-multikey", "ruler-vt", "fewshot-cls", "lm-heldout", "boolq", "hellaswag")   # = list_workloads()
 MEASURED_REPEATS = 3     # = experiments.runner.MEASURED_REPEATS (not imported: torch; tests/test_cli checks)
@@ -13,12 +16,16 @@ def _run(a) -> int:
     import pandas as pd
     from npumoe_lab.experiments.runner import ablation_report, median_table, run_experiment
     from npumoe_lab.results.stats import change_statement
+    from npumoe_lab.results.store import write_rows
     knobs = knobs_from_args(a)
-    df = run_experiment(model=a.model, workload=a.workload, variants=a.variants, platforms=a.platforms,
-                        prompt_len=a.prompt_len, chunk=a.chunk, plan=a.plan, repeats=a.repeats,
-                        n_samples=a.n_samples, seed=a.seed, out=a.out, calib_workload=a.calib_workload,
-                        calib_tokens=a.calib_tokens, timeline=a.timeline, npu_backend=a.npu_backend,
-                        threads=a.threads, dtype=a.dtype, drift=a.drift, **knobs)
+    # rows are written after the table is printed (a full disk cannot lose them); timelines are written by the run
+    early = a.out if a.timeline else None
+    with writes(a.out, "the rows must be rerun") if early else nullcontext():
+        df = run_experiment(model=a.model, workload=a.workload, variants=a.variants, platforms=a.platforms,
+                            prompt_len=a.prompt_len, chunk=a.chunk, plan=a.plan, repeats=a.repeats,
+                            n_samples=a.n_samples, seed=a.seed, out=early, calib_workload=a.calib_workload,
+                            calib_tokens=a.calib_tokens, timeline=a.timeline, npu_backend=a.npu_backend,
+                            threads=a.threads, dtype=a.dtype, drift=a.drift, **knobs)
     cols = ["variant", "platform", "timing_source", "ttft_s", "ttft_iqr_s", "host_busy", "energy_per_token_mj",
             "cpu_busy_s", "n_npu_calls", "drop_rate", "pad_rate", "score", "accuracy_delta"]
     print(median_table(df, [c for c in cols if c in df.columns]))
@@ -30,6 +37,9 @@ def _run(a) -> int:
     report = ablation_report(df)
     if report:
         print("\nablation (TTFT speedup vs npumoe-base):\n" + report)
+    if not early:
+        with writes(a.out, "the table is printed above"):
+            write_rows(df, a.out)
     print(f"\nrows written to {a.out}")
     return 0
 

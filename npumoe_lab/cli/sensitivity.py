@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from npumoe_lab.cli.output import save_png, writes
+
 
 def _sensitivity(a) -> int:
     # lazy: pandas, torch and matplotlib load only when the command runs (`--help` stays fast)
@@ -12,14 +14,16 @@ def _sensitivity(a) -> int:
     from npumoe_lab.sim.sensitivity import report, run_sensitivity
     res = run_sensitivity(a.geometry, a.platform, a.routing, a.prompt_len, a.chunk, a.weights, a.seed)
     out = Path(a.out)
-    write_rows(res.rename(columns={"geometry": "model"}).assign(workload=a.routing.split(":")[0], variant="npumoe",
-                                                                 repeat=0), out, "sensitivity")
     text = (f"# Sensitivity of the modeled conclusions: {a.geometry} on {a.platform}, prompt {a.prompt_len}, chunk "
             f"{a.chunk}, routing {a.routing} (every number modeled)\n\n" + report(res) + "\n")
-    (out / "SENSITIVITY.md").write_text(text)
-    for i, (conclusion, g) in enumerate(res.groupby("conclusion", sort=False)):
-        tornado(g, conclusion).savefig(out / f"tornado-{i}.png", dpi=150, bbox_inches="tight")
-    print(text + f"\nwritten to {out} (SENSITIVITY.md, sensitivity.parquet, tornado-*.png)")
+    print(text, flush=True)                  # first: a full disk cannot lose the report
+    with writes(out, "the report is printed above"):
+        write_rows(res.rename(columns={"geometry": "model"}).assign(workload=a.routing.split(":")[0],
+                                                                     variant="npumoe", repeat=0), out, "sensitivity")
+        (out / "SENSITIVITY.md").write_text(text)
+        for i, (conclusion, g) in enumerate(res.groupby("conclusion", sort=False)):
+            save_png(tornado(g, conclusion), out / f"tornado-{i}.png")
+    print(f"written to {out} (SENSITIVITY.md, sensitivity.parquet, tornado-*.png)")
     return 0
 
 

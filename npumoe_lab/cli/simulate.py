@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from npumoe_lab.cli.knob_flags import add_knob_arguments, knobs_from_args
+from npumoe_lab.cli.output import writes
 from npumoe_lab.utils import REPO_ROOT
 
 WEIGHT_FORMATS = ("fp16", "int8")    # = sim.run.WEIGHT_FORMATS (not imported: torch; tests/test_cli checks)
@@ -19,11 +20,11 @@ def _simulate(a) -> int:
     # lazy: torch, pandas and the engine load only when the command runs (`--help` stays fast)
     import pandas as pd
     from npumoe_lab.sim.report import ratios
-    from npumoe_lab.sim.run import simulate
+    from npumoe_lab.sim.run import save_simulation, simulate_with_timelines
     knobs = knobs_from_args(a)
     t0 = time.perf_counter()
-    df = simulate(a.geometry, a.routing, a.platforms, a.variants, a.prompt_len, a.chunk, a.weights, a.seed, a.out,
-                  a.timeline, **knobs)
+    df, timelines = simulate_with_timelines(a.geometry, a.routing, a.platforms, a.variants, a.prompt_len, a.chunk,
+                                            a.weights, a.seed, a.timeline, **knobs)
     cols = ["model", "platform", "prompt_len", "chunk", "variant", "ttft_s", "energy_per_token_mj", "cpu_cycles",
             "n_npu_calls", "drop_rate", "pad_rate"]
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 400):
@@ -33,7 +34,10 @@ def _simulate(a) -> int:
             print("\nnpumoe TTFT speedup (baseline / npumoe, modeled):\n"
                   + sp.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
     print(f"\n{len(df)} rows (timing modeled, numerics none; routing {df.routing_source.iloc[0]}, measured Gini of "
-          f"the sampled counts {df.routing_gini.iloc[0]:.3f}) in {time.perf_counter() - t0:.1f} s; written to {a.out}")
+          f"the sampled counts {df.routing_gini.iloc[0]:.3f}) in {time.perf_counter() - t0:.1f} s", flush=True)
+    with writes(a.out, "the table is printed above"):     # printed first: a full disk cannot lose it
+        save_simulation(df, timelines, a.out)
+    print(f"written to {a.out}")
     return 0
 
 

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from contextlib import nullcontext
+
+from npumoe_lab.cli.output import writes
 from npumoe_lab.errors import NpuMoeError
 
 
@@ -30,11 +33,14 @@ def _value(text: str):
 
 def _tune(args) -> int:
     from npumoe_lab.studies.tune import tune      # lazy: torch and the model load only when the command runs
-    report = tune(model=args.model, geometry=args.geometry, budget_drop=args.budget_drop,
-                  budget_ttft_ms=args.budget_ttft_ms, platform=args.platform, out=args.out, chunk=args.chunk,
-                  prompt_len=args.prompt_len, calib_workload=args.calib_workload, calib_tokens=args.calib_tokens,
-                  routing=args.routing, profile=args.profile, space=parse_space(args.space),
-                  n_candidates=args.candidates, confirm=args.confirm, seed=args.seed)
+    guard = writes(args.out, "the search must be rerun") if args.out else nullcontext()   # tune writes as it ends
+    with guard:
+        report = tune(model=args.model, geometry=args.geometry, budget_drop=args.budget_drop,
+                      budget_ttft_ms=args.budget_ttft_ms, platform=args.platform, out=args.out, chunk=args.chunk,
+                      prompt_len=args.prompt_len, calib_workload=args.calib_workload,
+                      calib_tokens=args.calib_tokens, routing=args.routing, profile=args.profile,
+                      space=parse_space(args.space),
+                      n_candidates=args.candidates, confirm=args.confirm, seed=args.seed)
     c, d = report["chosen"], report["default"]
     print(f"tune {report['target']} on {report['platform']}: {report['n_candidates']} candidates, "
           f"{report['front_size']} on the Pareto front, {report['elapsed_s_measured']:.1f} s (measured)")

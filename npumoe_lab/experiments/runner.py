@@ -26,7 +26,7 @@ from npumoe_lab.planning.layout import ExecutionLayout
 from npumoe_lab.results.metrics import ReferenceLogits, bootstrap_ci, logit_agreement
 from npumoe_lab.models import describe, load_model, model_fingerprint
 from npumoe_lab.planning.plan import Plan, variant_plan
-from npumoe_lab.execution.runtime import PrefillConfig, check_context, chunked_prefill, run_prefill
+from npumoe_lab.execution.runtime import PrefillConfig, check_context, check_lengths, chunked_prefill, run_prefill
 from npumoe_lab.results.stats import paired_exact
 from npumoe_lab.execution.timeline import to_frame
 from npumoe_lab.utils import progress, provenance, with_torch_threads
@@ -84,6 +84,7 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
     PlanKnobs.check_names(plan_knobs)
     vlist = parse_variants(variants)
     plats = [get_platform(p.strip()) for p in (platforms.split(",") if isinstance(platforms, str) else platforms)]
+    check_lengths(prompt_len, chunk)
     if (repeats is not None and repeats < 1) or n_samples < 1:
         raise NpuMoeError(f"repeats and n_samples must be >= 1; got {repeats} and {n_samples}")
     if isinstance(model, tuple):

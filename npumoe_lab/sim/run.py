@@ -23,7 +23,7 @@ from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.planning.knobs import PlanKnobs
 from npumoe_lab.planning.layout import ExecutionLayout
 from npumoe_lab.planning.plan import variant_plan
-from npumoe_lab.execution.runtime import PrefillConfig, check_context
+from npumoe_lab.execution.runtime import PrefillConfig, check_context, check_lengths
 from npumoe_lab.execution.timeline import to_frame
 from npumoe_lab.utils import progress, provenance
 from npumoe_lab.planning.variants import parse_variants
@@ -79,6 +79,17 @@ def simulate(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="
     """Simulate every combination; returns (and writes to `out`) one row per (geometry, platform, variant,
     prompt length, chunk). Comma lists or lists for geometry, platforms (names or Platform objects, e.g. with
     overrides), variants, prompt_len and chunk."""
+    df, timelines = simulate_with_timelines(geometry, routing, platforms, variants, prompt_len, chunk, weights, seed,
+                                            timeline, **plan_knobs)
+    if out is not None:
+        save_simulation(df, timelines, out)
+    return df
+
+
+def simulate_with_timelines(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="m2-max",
+                            variants="all", prompt_len=1024, chunk=512, weights: str = "fp16", seed: int = 0,
+                            timeline: bool = False, **plan_knobs):
+    """(rows, the per-op timelines or None): simulate() without writing (the CLI prints before it writes)."""
     rows, frames = [], []
     for row, res in iter_simulation(geometry, routing, platforms, variants, prompt_len, chunk, weights, seed,
                                     **plan_knobs):
@@ -87,12 +98,15 @@ def simulate(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="
             frames.append(to_frame(res.events).assign(variant=row["variant"], platform=row["platform"],
                                                       model=row["model"], prompt_len=row["prompt_len"],
                                                       chunk_size=row["chunk"], sample=0))
-    df = pd.DataFrame(rows)
-    if out is not None:
-        write_rows(df, out)
-        if frames:
-            write_timeline(pd.concat(frames, ignore_index=True), Path(out) / "timelines")
-    return df
+    return pd.DataFrame(rows), (pd.concat(frames, ignore_index=True) if frames else None)
+
+
+def save_simulation(df: pd.DataFrame, timelines, out) -> list[Path]:
+    """The rows (and timelines) of a simulation into `out`; the paths written."""
+    paths = [write_rows(df, out)]
+    if timelines is not None:
+        paths.append(write_timeline(timelines, Path(out) / "timelines"))
+    return paths
 
 
 def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=1024, chunk=512, weights="fp16",
@@ -111,8 +125,7 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
     vlist = parse_variants(variants)
     prompts, chunks = _list(prompt_len, int), _list(chunk, int)
     for (name, _, geo), c, t in itertools.product(geos, chunks, prompts):
-        if c < 1 or t < 1:
-            raise NpuMoeError(f"chunk and prompt length must be >= 1; got chunk {c}, prompt {t}")
+        check_lengths(t, c)
         check_context(geo.context, c, f"--chunk {c} for geometry {name}")
         check_context(geo.context, t, f"--prompt-len {t} for geometry {name}")
     sources = {name: parse_routing(routing, list(geo.moe), seed) for name, _, geo in geos}   # all checked first

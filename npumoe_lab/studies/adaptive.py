@@ -24,7 +24,7 @@ from npumoe_lab.execution.geometry import ModelGeometry
 from npumoe_lab.models import describe
 from npumoe_lab.planning.plan import build_plan
 from npumoe_lab.execution.routing import RoutingRecorder
-from npumoe_lab.execution.runtime import PrefillConfig, run_prefill
+from npumoe_lab.execution.runtime import PrefillConfig, check_lengths, run_prefill
 from npumoe_lab.sim.replay import replay_prefill
 from npumoe_lab.workloads.texts import DOMAINS
 from npumoe_lab.workloads.lm_heldout import heldout_windows
@@ -85,8 +85,7 @@ def drift_run(model, tokenizer, calib_domain: str = "scripture", run_domain: str
     for name, d in (("calib_domain", calib_domain), ("run_domain", run_domain)):
         if d not in DOMAINS:
             raise NpuMoeError(f"{name}={d!r} is not a domain; use one of {', '.join(DOMAINS)}")
-    if prompt_len % chunk:
-        raise NpuMoeError(f"prompt_len={prompt_len} must be a multiple of chunk={chunk} (whole chunks only)")
+    check_lengths(prompt_len, chunk, whole_chunks=True)
     if recalibrate not in POLICIES:
         raise NpuMoeError(f"recalibrate={recalibrate!r}: use one of {POLICIES}")
     limits = as_limits(limits)              # bad limits fail before any calibration runs

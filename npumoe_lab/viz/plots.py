@@ -9,6 +9,7 @@ variant, facets for the rest, log axes over decades): see `plot_helpers`.
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -173,9 +174,10 @@ FIGURES = {"baselines": plot_baselines, "ablation": plot_ablation, "accuracy": p
            "tiers": plot_tiers, "grouping": plot_grouping, "residency": plot_residency}
 
 
-def make_all_figures(results_dir, out_dir, log=print, dpi: int = 200) -> list[Path]:
+def make_all_figures(results_dir, out_dir, log=None, dpi: int = 200) -> list[Path]:
     """Every figure the results have columns for (+ a heatmap per calibration profile found); others are
-    skipped with the reason logged. Returns the written PDF and PNG paths."""
+    skipped with the reason logged (`log`, default: a line on stderr). Returns the written PDF and PNG paths."""
+    log = log or (lambda line: print(line, file=sys.stderr))
     # lazy: experiments imports plots' users; loaded only when figures are written
     from npumoe_lab.results.store import load_results
 
