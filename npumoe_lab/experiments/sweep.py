@@ -30,8 +30,9 @@ from npumoe_lab.experiments.sweep_record import die_with_parent, merge_sweep_jso
 from npumoe_lab.experiments.sweep_spec import cell_key, load_spec, read_notebook
 
 EXECUTORS = ("local", "dask")
-# kernels log nothing but errors: ipykernel's "running over TCP without encryption" warning, once per cell, is
-# about a loopback socket the sweep itself opened
+# fresh kernels (papermill's own, one per cell) log nothing but errors: ipykernel's "running over TCP without
+# encryption" warning is about a loopback socket the sweep itself opened (warm kernels use IPC sockets and never
+# give it: warm_kernel.ipc_transport; tests/experiments/test_quiet_kernels.py checks both)
 KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
 DONE, FAILED = "DONE.json", "FAILED.json"
 
