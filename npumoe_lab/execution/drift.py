@@ -23,14 +23,14 @@ import numpy as np
 import pandas as pd
 
 from npumoe_lab.planning.profile import CalibrationProfile
-from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.errors import NpuMoeError, NpuMoeWarning
 from npumoe_lab.execution.drift_limits import POLICIES, DriftLimits, as_limits  # noqa: F401 - public names
 from npumoe_lab.planning.plan import Plan, build_plan
 
 MEASURES = ("drop_excess", "pad_excess", "js", "hot_overlap")
 
 
-class DriftWarning(UserWarning):
+class DriftWarning(NpuMoeWarning):
     """Live routing crossed a drift limit."""
 
 

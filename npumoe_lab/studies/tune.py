@@ -28,6 +28,7 @@ from npumoe_lab.studies.adaptive import recorded_chunks
 from npumoe_lab.execution.calibrate import CalibrationProfile, calibration_documents
 from npumoe_lab.execution.engine import PlanExecutor
 from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.utils import progress
 from npumoe_lab.execution.calibrate import calibration_profile
 from npumoe_lab.execution.experts import attach, detach
 from npumoe_lab.execution.geometry import ModelGeometry
@@ -109,7 +110,7 @@ def pareto(df: pd.DataFrame, cols=("ttft_ms", "drop_rate", "energy_mj")) -> pd.S
 def _score(plans, geometry, config, routings, prompt_len) -> pd.DataFrame:
     """Replay every prompt's routing through each plan; means over the prompts."""
     rows = []
-    for i, plan in enumerate(plans):
+    for i, plan in enumerate(progress(plans, desc="tune: score candidates", unit="plan")):
         ex = PlanExecutor(plan, [], npu_dtype=config.npu_dtype)
         runs = [replay_prefill(geometry, ex, config, r, prompt_len)[0].summary for r in routings]
         rows.append({"candidate": i, **{col: float(np.mean([scale * s[key] for s in runs])) for col, key, scale in
@@ -126,7 +127,7 @@ def _recorded(model, tok, workload: str, chunk: int, prompt_len: int, n: int, se
         raise NpuMoeError(f"calibration workload {workload!r} has no document of {prompt_len} tokens")
     detach(model)
     out = []
-    for ids in docs:
+    for ids in progress(docs, desc="tune: record routing", unit="prompt"):
         with RoutingRecorder(model) as rec:
             chunked_prefill(model, torch.tensor([ids]), chunk, keep_logits=False)
         out.append(recorded_chunks(rec.records))

@@ -17,6 +17,7 @@ import pandas as pd
 
 from npumoe_lab.viz import plot_helpers as pk
 from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.utils import progress
 from npumoe_lab.viz.plot_helpers import FACETS, LABELS, SOURCE_GID, VARIANT_ORDER  # noqa: F401 - public names
 from npumoe_lab.viz.timeline import timeline  # noqa: F401 - the prefill Gantt chart (plots_timeline.py)
 
@@ -190,18 +191,24 @@ def make_all_figures(results_dir, out_dir, log=None, dpi: int = 200) -> list[Pat
             raise
         df = None
     paths, skipped = [], []
+    bar = progress(total=len(FIGURES) + len(profiles), desc="figures", unit="fig")   # ~20 s for a demo folder
     for name, fn in FIGURES.items():
+        bar.set_postfix_str(name)
         try:
             fig = fn(df) if df is not None else None
         except NpuMoeError as exc:
             skipped.append(f"{name}: {exc}")
+            bar.update(1)
             continue
         if fig is not None:
             paths += save_figure(fig, out_dir, name, dpi)
+        bar.update(1)
     top = shared_vmax(profiles)
     for prof in profiles:   # one file each, all on one colour scale
         suffix = "" if len(profiles) == 1 else f"-{prof.name}"
         paths += save_figure(plot_popularity_heatmap(prof, vmax=top), out_dir, f"popularity{suffix}", dpi)
+        bar.update(1)
+    bar.close()
     from npumoe_lab.viz.timeline import timeline_figures   # timeline-*.png per prefill with a --timeline file
     paths += timeline_figures(results_dir, out_dir, df, dpi=dpi, log=log)
     for line in skipped:

@@ -98,3 +98,15 @@ def test_full_disk_while_drawing_figures_is_one_line_and_no_partial_file(tmp_pat
     rc = cli.main(["figures", str(tmp_path / "rows"), "--out", str(figs)])
     _one_line(capsys, rc, "No space left on device")
     assert not figs.exists() or not any(figs.rglob("*"))
+
+
+def test_workbench_warnings_print_as_one_line_without_the_source_line():
+    import subprocess
+    import sys
+    code = ("import warnings\nfrom npumoe_lab.devices.hostload import HostBusyWarning\n"
+            "warnings.warn('measured timings taken on a busy host', HostBusyWarning)\n"
+            "warnings.warn('an ordinary warning', UserWarning)\n")
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stderr
+    lines = err.splitlines()
+    assert lines[0] == "HostBusyWarning: measured timings taken on a busy host"
+    assert "UserWarning: an ordinary warning" in lines[1] and len(lines) == 2   # others unchanged (file:line)
