@@ -13,6 +13,7 @@ A cell folder is locked (flock) while it runs, so a re-run never races an orphan
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import re
 import socket
@@ -100,17 +101,36 @@ def run_sweep(yaml_path, out_dir, workers: int = 1, executor: str = "local", sch
         from npumoe_lab.experiments.dask_executor import dask_map as run_all  # lazy: dask is an optional, heavy dependency
     else:
         run_all = local_map
+    pooled, serial = _split_measured(spec, tasks, workers)
     bar = progress(total=len(cells), initial=len(report.skipped), desc=f"sweep {spec.name}", unit="cell")
     with bar:
-        for task, result in run_all(run_cell, tasks, workers, scheduler):
+        for task, result in itertools.chain(run_all(run_cell, pooled, workers, scheduler) if pooled else (),
+                                            local_map(run_cell, serial, 1)):
             outcome = _outcome(task, result)
             getattr(report, outcome.status).append(outcome)  # done | skipped | failed
             bar.update(1)
             bar.set_postfix(failed=len(report.failed))
-    if any(t["warm"] for t in tasks) and workers == 1:   # this process's warm kernel: done with this sweep
+    in_process = workers == 1 or len(pooled) <= 1 or serial
+    if any(t["warm"] for t in tasks) and in_process:   # this process's warm kernel: done with this sweep
         from npumoe_lab.experiments.warm_kernel import shutdown  # lazy: registers a papermill engine
         shutdown()
     return report
+
+
+def _split_measured(spec, tasks: list, workers: int) -> tuple[list, list]:
+    """(cells for the pool, cells run one at a time here): with several workers, the cells that time a measured
+    platform run alone, after the others (sweep_measured.py says why); one line on stderr says so up front."""
+    if workers == 1 or spec.kind != "notebook" or not tasks:
+        return tasks, []
+    from npumoe_lab.experiments.sweep_measured import measured_platforms, notebook_defaults  # lazy: reads the notebook
+    defaults = notebook_defaults(spec.notebook)
+    serial = [t for t in tasks if measured_platforms(t["params"], defaults)]
+    if serial:
+        names = sorted({p for t in serial for p in measured_platforms(t["params"], defaults)})
+        _say(f"[sweep] {len(serial)} of {len(tasks)} cells time the measured platform {', '.join(names)} on this "
+             f"host: they run one at a time after the others ({workers} workers timing the host at once are each "
+             "other's load, and their rows would all be host_busy)")
+    return [t for t in tasks if t not in serial], serial
 
 
 def run_cell(task: dict) -> dict:
