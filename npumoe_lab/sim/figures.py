@@ -44,11 +44,14 @@ def paper_check_figure(table: pd.DataFrame) -> Figure:
     fig = Figure(figsize=(8, 0.32 * len(t) + 1.4))
     ax = fig.add_subplot()
     y = np.arange(len(t))
-    ax.barh(y, t["ratio"], color=["tab:green" if 0.8 <= r <= 1.25 else "tab:orange" for r in t["ratio"]])
+    colors = ["tab:green" if 0.8 <= r <= 1.25 else "tab:orange" for r in t["ratio"]]
+    # points with a stem from 1 (agreement): on a log axis a bar from zero has no meaning, a distance from 1 has
+    ax.hlines(y, 1.0, t["ratio"], colors=colors, lw=1.5)
+    ax.scatter(t["ratio"], y, s=16, c=colors, zorder=3)
     ax.axvline(1.0, color="black", lw=1)
     ax.set_xscale("log")
     ax.set_yticks(y, t["quantity"], fontsize=7)
     ax.set_xlabel("modeled / paper (1 = agreement; green within 0.8-1.25x) — model values are modeled")
     ax.set_title("NPUMoE paper numbers vs the workbench's device model (unfitted)", fontsize=9)
-    fig.subplots_adjust(left=0.45, right=0.97)
+    fig.subplots_adjust(left=0.45, right=0.97, bottom=max(0.08, 0.9 / (0.32 * len(t) + 1.4)))   # room for the x label
     return fig

@@ -256,7 +256,9 @@ def _write(out: Path, report: dict, scored: pd.DataFrame) -> None:
     ax = axes[0, 0]
     ax.scatter(scored["ttft_ms"], 100 * scored["drop_rate"], s=10, c="0.75", label="candidates")
     sc = ax.scatter(front["ttft_ms"], 100 * front["drop_rate"], s=28, c=front["energy_mj"], cmap="viridis",
-                    label="Pareto front")
+                    edgecolors="black", linewidths=0.5)
+    from matplotlib.lines import Line2D          # lazy like figure(): matplotlib only when drawing
+    ax.add_line(Line2D([], [], ls="", marker="o", mfc="none", mec="black", label="Pareto front (fill: energy)"))
     fig.colorbar(sc, ax=ax, label="energy (mJ, modeled)")
     c = report["chosen"]
     ax.scatter([c["ttft_ms_replay_modeled"]], [100 * c["drop_rate_replayed"]], marker="*", s=120, c="red",

@@ -31,9 +31,11 @@ def plot_baselines(df: pd.DataFrame):
     metrics = pk.available(df, ("ttft_s", "energy_per_token_mj", "cpu_cycles"), "baselines", need=("variant",))
     facets = pk.facets(pk.default_knobs(df.dropna(subset=metrics, how="all")))
     fig, axes = pk.figure(len(facets), len(metrics), 3.0, 2.2)
-    for r, (title, sub) in enumerate(facets):
-        for c, metric in enumerate(metrics):
-            pk.hbars(axes[r][c], pk.stats(sub, metric), metric, title, names=c == 0)
+    for c, metric in enumerate(metrics):       # one scale and one unit per column (a metric), over every facet
+        column = pd.concat([pk.stats(sub, metric)["median"] for _, sub in facets if sub[metric].notna().any()])
+        for r, (title, sub) in enumerate(facets):
+            pk.hbars(axes[r][c], pk.stats(sub, metric), metric, title, names=c == 0, log=pk.wants_log(column),
+                     unit_of=column)
     return fig
 
 
@@ -292,10 +294,11 @@ def _sweep_lines(df, x, metrics, figure):
     facets = pk.facets(df.dropna(subset=[x]).dropna(subset=have, how="all"))
     fig, axes = pk.figure(len(facets), len(have), 3.0, 2.4)
     variants = set()
+    units = {m: pk.unit(m, df[m]) for m in have}       # one unit per column (ms when every TTFT is below 1 s)
     for r, (title, sub) in enumerate(facets):
         for c, metric in enumerate(have):
             st = pk.stats(sub, metric)
-            label, scale = LABELS[metric]
+            label, scale = units[metric]
             ax = axes[r][c]
             for v in pk.variant_order(st["variant"]):
                 s = st[st["variant"] == v].sort_values(x)
