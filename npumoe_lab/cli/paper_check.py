@@ -12,6 +12,7 @@ def _paper_check(a) -> int:
     from npumoe_lab.results.store import write_rows
     from npumoe_lab.sim.figures import paper_check_figure
     from npumoe_lab.sim.papercheck import markdown, paper_check
+    from npumoe_lab.viz import figcheck
     t0 = time.perf_counter()
     table, sens, df = paper_check(a.routing, a.seed, not a.no_sensitivity)
     out = Path(a.out)
@@ -22,7 +23,9 @@ def _paper_check(a) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "PAPERCHECK.md").write_text(text)
         table.to_csv(out / "paper_check.csv", index=False)
-        save_png(paper_check_figure(table), out / "paper_check.png")
+        fig = paper_check_figure(table)
+        figcheck.record("paper-check", fig)
+        save_png(fig, out / "paper_check.png")
     print(f"written to {out} (PAPERCHECK.md, paper_check.csv, paper_check.png, grid/)")
     return 0
 

@@ -11,6 +11,7 @@ def _sensitivity(a) -> int:
     # lazy: pandas, torch and matplotlib load only when the command runs (`--help` stays fast)
     from npumoe_lab.results.store import write_rows
     from npumoe_lab.sim.figures import tornado
+    from npumoe_lab.viz import figcheck
     from npumoe_lab.sim.sensitivity import report, run_sensitivity
     res = run_sensitivity(a.geometry, a.platform, a.routing, a.prompt_len, a.chunk, a.weights, a.seed)
     out = Path(a.out)
@@ -22,7 +23,9 @@ def _sensitivity(a) -> int:
                                                                      variant="npumoe", repeat=0), out, "sensitivity")
         (out / "SENSITIVITY.md").write_text(text)
         for i, (conclusion, g) in enumerate(res.groupby("conclusion", sort=False)):
-            save_png(tornado(g, conclusion), out / f"tornado-{i}.png")
+            fig = tornado(g, conclusion)
+            figcheck.record(f"tornado-{i}", fig)
+            save_png(fig, out / f"tornado-{i}.png")
     print(f"written to {out} (SENSITIVITY.md, sensitivity.parquet, tornado-*.png)")
     return 0
 

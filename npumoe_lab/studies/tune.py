@@ -35,6 +35,7 @@ from npumoe_lab.execution.geometry import ModelGeometry
 from npumoe_lab.planning.knobs import PlanKnobs
 from npumoe_lab.models import describe, load_model
 from npumoe_lab.planning.plan import build_plan
+from npumoe_lab.viz import figcheck
 from npumoe_lab.viz.plot_helpers import figure
 from npumoe_lab.execution.routing import RoutingRecorder
 from npumoe_lab.execution.runtime import PrefillConfig, check_lengths, chunked_prefill, run_prefill
@@ -265,8 +266,11 @@ def _write(out: Path, report: dict, scored: pd.DataFrame) -> None:
                label="chosen")
     ax.set_xlabel(f"TTFT (ms, modeled on {report['platform']})")
     ax.set_ylabel("dropped assignments (%, replayed routing)")
-    ax.set_title(f"tune {report['target']}: TTFT x drop x energy (modeled)", fontsize=8)
+    ax.text(0.0, 1.01, f"TTFT and energy modeled (platform {report['platform']}); drop: replayed routing",
+            transform=ax.transAxes, ha="left", va="bottom", fontsize=5, color="0.3", gid=figcheck.SOURCE_GID)
+    ax.set_title(f"tune {report['target']}: TTFT x drop x energy (modeled)", fontsize=8, pad=10)
     ax.legend(fontsize=6)
+    figcheck.record("tune-front", fig)
     fig.savefig(out / "front.png", dpi=130)
     (out / "tune.json").write_text(json.dumps({k: v for k, v in report.items()
                                                if k not in ("plan", "front", "candidates")}, indent=2,
