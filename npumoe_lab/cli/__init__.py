@@ -1,33 +1,41 @@
-"""`npumoe-lab` console script. Each subcommand lives next to the code it drives: a module listed in
-SUBCOMMANDS defines `register_cli(subparsers)` that adds its parser and sets `func=handler(args) -> int`."""
+"""`npumoe-lab` console script (`npumoe_lab.cli:main`, `python -m npumoe_lab.cli`). Every argparse wiring lives in
+this package, one module per command: SUBCOMMANDS maps a command to its module (npumoe_lab/cli/<module>.py), which
+defines `register_cli(subparsers)` adding the command's parser with `func=handler(args) -> int`. Handlers import
+the domain code they drive inside the function (domain modules expose plain functions and know nothing of argparse),
+so a command's `--help` parses without torch or pandas."""
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
 
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.results.outdir import check_writable
 
-# module (relative to npumoe_lab) -> subcommands it provides (imported lazily so `--help` stays fast)
+# command -> its module in npumoe_lab/cli/ (imported only for the command asked for, so `--help` stays fast)
 SUBCOMMANDS = {
-    "train.trainer": ["train-tiny"],
-    "execution.calibrate": ["calibrate"],
-    "planning.plan": ["plan"],
-    "experiments.runner": ["run", "platforms"],
-    "experiments.sweep": ["sweep"],
-    "sim.run": ["simulate"],
-    "sim.sensitivity": ["sensitivity"],
-    "sim.papercheck": ["paper-check"],
-    "viz.plots": ["figures"],
-    "graphs.convert": ["convert"],
-    "studies.tune": ["tune"],
-    "studies.adaptive": ["drift"],
-    "experiments.measure": ["measure"],
-    "devices.fit": ["fit-device"],
-    "experiments.validate_runs": ["validate-device"],
+    "train-tiny": "train_tiny",
+    "calibrate": "calibrate",
+    "plan": "plan",
+    "run": "run",
+    "platforms": "platforms",
+    "sweep": "sweep",
+    "figures": "figures",
+    "convert": "convert",
+    "simulate": "simulate",
+    "sensitivity": "sensitivity",
+    "paper-check": "paper_check",
+    "tune": "tune",
+    "drift": "drift",
+    "demo": "demo",
+    "measure": "measure",
+    "fit-device": "fit_device",
+    "validate-device": "validate_device",
 }
 
+
+DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}   # a write the user can fix: one line, not a traceback
 
 # commands whose --out is a file (the others write into a folder)
 OUT_IS_FILE = {"plan"}
@@ -43,14 +51,15 @@ SUMMARIES = {
     "sweep": "run a notebook over a parameter grid (papermill), resumably",
     "figures": "make every paper figure the results allow (PDF + PNG)",
     "convert": "build static NPU graphs (Core ML / ONNX) of a plan",
-    "fit-device": "fit a platform's free device parameters on its chip's micro-benchmark rows (data/measurements)",
-    "validate-device": "predict every measurement row with a platform; validation.csv, VALIDATION.md, a figure",
     "simulate": "paper-scale prefill from a model's geometry and routing statistics (no weights; times modeled)",
     "sensitivity": "rerun a simulation at every sourced alternative of the uncertain device parameters",
     "paper-check": "the device model against every number of the paper's results it can predict",
     "tune": "search plan knobs for a drop-rate or TTFT budget (Pareto front)",
     "drift": "calibrate on one domain, run another: the drift monitor and recalibration",
+    "demo": "the demo: calibrate, plan, the demo sweep, every figure and SUMMARY.md in one folder",
     "measure": "micro-benchmark this machine's ops (cpu | onnxruntime | coreml) into measurement rows",
+    "fit-device": "fit a platform's free parameters on its chip's micro-benchmark rows (least squares + emcee)",
+    "validate-device": "predict every measurement row (or measured run) of a platform; validation table + figure",
 }
 
 
@@ -59,20 +68,11 @@ def build_parser(argv) -> argparse.ArgumentParser:
                                      epilog="`npumoe-lab COMMAND --help` describes a command's options")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = argv[0] if argv else None
-    if wanted in (None, "-h", "--help") or not any(wanted in c for c in SUBCOMMANDS.values()):
-        for commands in SUBCOMMANDS.values():     # names only: argparse lists (or rejects) them
-            for name in commands:
-                sub.add_parser(name, help=SUMMARIES.get(name, ""))
+    if wanted not in SUBCOMMANDS:
+        for name in SUBCOMMANDS:     # names only: argparse lists (or rejects) them
+            sub.add_parser(name, help=SUMMARIES.get(name, ""))
         return parser
-    for module, commands in SUBCOMMANDS.items():
-        if wanted in commands:
-            try:
-                mod = importlib.import_module(f"npumoe_lab.{module}")
-            except ModuleNotFoundError as exc:  # a part not built yet: keep the others working
-                if not exc.name or not exc.name.startswith("npumoe_lab"):
-                    raise
-                continue
-            mod.register_cli(sub)
+    importlib.import_module(f"npumoe_lab.cli.{SUBCOMMANDS[wanted]}").register_cli(sub)
     return parser
 
 
@@ -89,6 +89,12 @@ def main(argv=None) -> int:
         return int(args.func(args) or 0)
     except NpuMoeError as exc:
         print(f"npumoe-lab {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        if exc.errno not in DISK_ERRORS:
+            raise
+        print(f"npumoe-lab {args.command}: error: could not write {exc.filename or 'a file'} ({exc.strerror}); "
+              "free some space or choose another --out", file=sys.stderr)
         return 2
 
 

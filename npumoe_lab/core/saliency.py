@@ -21,13 +21,7 @@ import torch
 
 from npumoe_lab.errors import NpuMoeError
 
-SALIENCY_RULES = ("weight_x_norm", "router_weight", "activation_norm", "position", "random")
-
-
-def check_rule(rule: str) -> str:
-    if rule not in SALIENCY_RULES:
-        raise NpuMoeError(f"unknown saliency rule {rule!r}; use one of: {', '.join(SALIENCY_RULES)}")
-    return rule
+from npumoe_lab.core.saliency_rules import SALIENCY_RULES, check_rule  # noqa: F401 - public names
 
 
 def _as_float(x) -> torch.Tensor:

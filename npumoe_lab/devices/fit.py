@@ -17,7 +17,6 @@ Output: `OUT/<name>-fit.yaml`, a full platform YAML (sourced values kept; fitted
 """
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +26,6 @@ import yaml
 
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.utils import progress
-from npumoe_lab.devices.cpu_fit import fit_cli
-from npumoe_lab.devices.measurements import load_measurements
-from npumoe_lab.devices.platform import resolve_platform
 from npumoe_lab.devices.price import op_columns, platform_params, power, price, with_draws
 from npumoe_lab.devices.workload import row_op
 
@@ -214,39 +210,5 @@ def write_fit(platform, res: FitResult, out: Path) -> Path:
     return path
 
 
-def register_cli(sub) -> None:
-    p = sub.add_parser("fit-device", help="fit a platform's declared free parameters on its chip's "
-                                          "micro-benchmark rows (least squares + emcee posterior)")
-    p.add_argument("--platform", required=True, help="platform name, YAML path, or spec with [overrides]")
-    p.add_argument("--measurements", default="data/measurements", help="measurement YAML or folder")
-    p.add_argument("--out", required=True, help="folder for <platform>-fit.yaml")
-    p.add_argument("--steps", type=int, default=8000, help="emcee steps per walker (the first third is burn-in)")
-    p.add_argument("--walkers", type=int, default=0, help="emcee walkers (0: 4 x dimensions, at least 32)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--include-busy", action="store_true",
-                   help="cpu platform: fit on rows flagged host_busy too (a busy host; the fit file says so)")
-    p.set_defaults(func=_cli)
-
-
-def _cli(a: argparse.Namespace) -> int:
-    if a.steps < 30:
-        raise NpuMoeError(f"--steps {a.steps} is too few for a posterior; use at least 30 (default 8000)")
-    platform = resolve_platform(a.platform)
-    if platform.kind == "measured":     # this host: its op-level model is fitted on `measure` rows (cpu_fit.py)
-        return fit_cli(a)
-    res = fit_platform(platform, load_measurements(a.measurements), steps=a.steps, walkers=a.walkers, seed=a.seed)
-    path = write_fit(platform, res, Path(a.out))
-    err = np.abs(np.expm1(res.point_residuals))
-    print(f"fitted {len(res.names)} parameters of {platform.name} on {len(res.rows.ids)} fit rows of "
-          f"{platform.chip}: median |error| {np.median(err):.1%}, worst {err.max():.1%} (modeled vs measured); "
-          f"emcee acceptance {res.acceptance:.2f}, kept steps / autocorrelation time {(res.n_steps - res.burn) / res.tau:.0f}"
-          f"{' (under 50: run more --steps)' if (res.n_steps - res.burn) / res.tau < 50 else ''}\n" +
-          "\n".join(f"  {n} = {v:.4g}  (90 % {np.percentile(res.draws[:, i], 5):.3g}-"
-                    f"{np.percentile(res.draws[:, i], 95):.3g})" for i, (n, v) in enumerate(zip(res.names,
-                                                                                               res.point))) +
-          f"\nwritten {path}")
-    return 0
-
-
-__all__ = ["fit_platform", "fit_rows", "write_fit", "fitted_yaml", "RowSet", "FitResult", "register_cli",
+__all__ = ["fit_platform", "fit_rows", "write_fit", "fitted_yaml", "RowSet", "FitResult",
            "SIGMA_BOUNDS"]

@@ -14,6 +14,8 @@ import warnings
 
 import numpy as np
 
+from npumoe_lab.errors import NpuMoeWarning
+
 # Limits of a quiet host. Others' CPU: more than a quarter of a core on average during the measured calls is
 # enough to move a 2-thread timing by tens of percent. Steal: 5 % of the wall time. IQR: the spread of the
 # repeats, relative to their median.
@@ -22,7 +24,7 @@ STEAL_LIMIT = 0.05
 IQR_LIMIT = 0.25
 
 
-class HostBusyWarning(UserWarning):
+class HostBusyWarning(NpuMoeWarning):
     """Measured timings were taken on a host that was not quiet (see the rows' host_* columns)."""
 
 

@@ -12,7 +12,6 @@ modeled; every measured value is a published measurement (source in the row).
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
@@ -152,19 +151,3 @@ def validate_device(spec, measurements, out: Path, seed: int = 0) -> tuple[pd.Da
     fig = figure(res, platform)
     fig.savefig(out / "validation.png", dpi=150)
     return res, text
-
-
-def register_cli(sub) -> None:
-    p = sub.add_parser("validate-device", help="predict every measurement row of a platform's chip; write "
-                                               "validation.csv, VALIDATION.md and a predicted-vs-measured figure")
-    p.add_argument("--platform", required=True, help="platform name, YAML path (e.g. a fit), or spec with [overrides]")
-    p.add_argument("--measurements", default="data/measurements", help="measurement YAML or folder")
-    p.add_argument("--out", required=True)
-    p.add_argument("--seed", type=int, default=0, help="seed of the predictive-noise draws")
-    p.set_defaults(func=_cli)
-
-
-def _cli(a: argparse.Namespace) -> int:
-    _, text = validate_device(a.platform, a.measurements, Path(a.out), a.seed)
-    print(text + f"\nwritten to {a.out} (validation.csv, VALIDATION.md, validation.png)")
-    return 0

@@ -20,9 +20,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from npumoe_lab.core.cpu_features import dtype_name
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.planning.profile import CalibrationProfile
-from npumoe_lab.models import describe, load_model, model_fingerprint
+from npumoe_lab.models import describe, model_fingerprint
 from npumoe_lab.execution.routing import RoutingRecorder
 from npumoe_lab.execution.runtime import check_chunk, chunked_prefill
 from npumoe_lab.workloads.texts import DOMAINS, bundled_text
@@ -174,6 +175,7 @@ def calibrate(model, tokenizer, workload: str = "mixed", chunk: int = 512, token
     counts, stats, coact = acc.frames()
     meta = {"model_fingerprint": model_fingerprint(model),
             "model": str(getattr(model.config, "_name_or_path", "") or type(model).__name__),
+            "dtype": dtype_name(next(model.parameters()).dtype),    # what the routing was counted in (recorded)
             "workload": workload if text is None else "text", "chunk": chunk, "n_tokens": n_tokens,
             "requested_tokens": tokens, "n_chunks": n_tokens // chunk, "n_documents": len(used), "context": ctx,
             "seed": seed, "layers": [dict(vars(s)) for s in specs], **provenance(),
@@ -182,27 +184,6 @@ def calibrate(model, tokenizer, workload: str = "mixed", chunk: int = 512, token
     if out is not None:
         profile.save(out)
     return profile
-
-
-# -- CLI -------------------------------------------------------------------------------------------------
-def _cli(args) -> int:
-    model, tokenizer = load_model(args.model, dtype=args.dtype)
-    profile = calibrate(model, tokenizer, args.workload, args.chunk, args.tokens, args.seed, args.out)
-    print(profile.summary().to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    print(f"wrote {args.out} ({profile.meta['n_tokens']} tokens, {profile.meta['n_chunks']} chunks)")
-    return 0
-
-
-def register_cli(subparsers) -> None:
-    p = subparsers.add_parser("calibrate", help="record per-expert routed-token counts per prefill chunk")
-    p.add_argument("--model", required=True, help="'tiny' or a local HF checkpoint directory")
-    p.add_argument("--workload", default="mixed", help="a workload name, a domain name, or 'mixed' (default)")
-    p.add_argument("--chunk", type=int, default=512, help="prefill chunk in tokens (default 512)")
-    p.add_argument("--tokens", type=int, default=16384, help="calibration tokens (default 16384)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default=None, help="model dtype (default float32)")
-    p.add_argument("--out", required=True, help="output directory of the profile")
-    p.set_defaults(func=_cli)
 
 
 def calibration_profile(model, tokenizer, workload: str, chunk: int, tokens: int, seed: int = 0):

@@ -41,6 +41,19 @@ def check_chunk(chunk) -> int:
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise NpuMoeError(f"chunk must be an integer >= 1; got {chunk!r}")
     return chunk
+def check_lengths(prompt_len, chunk, whole_chunks: bool = False) -> None:
+    """The one prompt-length / chunk check of the commands: both integers >= 1, the chunk no longer than the prompt
+    (a 256-token prompt has no 512-token chunk), and with `whole_chunks` the prompt a multiple of the chunk."""
+    for flag, v in (("--prompt-len", prompt_len), ("--chunk", chunk)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise NpuMoeError(f"{flag} {v!r} must be an integer >= 1 (tokens)")
+    if chunk > prompt_len:
+        raise NpuMoeError(f"--chunk {chunk} is larger than the prompt (--prompt-len {prompt_len}): the prefill would "
+                          f"have no chunk of {chunk} tokens; use --chunk <= {prompt_len}")
+    if whole_chunks and prompt_len % chunk:
+        lo, hi = prompt_len // chunk * chunk, -(-prompt_len // chunk) * chunk
+        raise NpuMoeError(f"--prompt-len {prompt_len} is not a multiple of --chunk {chunk} (whole chunks only); use "
+                          + (f"{lo} or {hi}" if lo else f"{hi}"))
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ The notebooks' own helpers live in `notebook_helpers.py`.
 """
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import shutil
 import sys
@@ -21,7 +20,6 @@ from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.viz.plot_helpers import default_knobs
 from npumoe_lab.results.stats import change_statement
 from npumoe_lab.utils import REPO_ROOT, kernel_env
-from npumoe_lab.results.outdir import check_writable
 
 DEMO_SWEEP = REPO_ROOT / "sweeps" / "demo.yaml"
 FIGURE_NOTES = {
@@ -143,7 +141,7 @@ def _archive_stale_sweep(sweep_dir: Path, fingerprint: str) -> None:
     if not sweep_dir.is_dir():
         return
     try:
-        old = set(load_results(sweep_dir)["model_fingerprint"].dropna())
+        old = set(load_results(sweep_dir, include_failed=True)["model_fingerprint"].dropna())
     except (NpuMoeError, KeyError):
         return
     if old and old != {fingerprint}:
@@ -292,20 +290,6 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
     return path
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m npumoe_lab.experiments.demo", description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="results/demo")
-    ap.add_argument("--sweep", default=str(DEMO_SWEEP))
-    ap.add_argument("--workers", type=int, default=1)
-    a = ap.parse_args(argv)
-    try:
-        check_writable(a.out)
-        run_demo(a.out, a.sweep, a.workers)
-    except NpuMoeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":     # the script's options live with the commands' (npumoe_lab/cli/demo.py)
+    import importlib
+    sys.exit(importlib.import_module("npumoe_lab.cli.demo").main())

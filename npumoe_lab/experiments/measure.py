@@ -38,7 +38,7 @@ from npumoe_lab.experiments.geometry_model import random_ids, random_model
 from npumoe_lab.models import describe
 from npumoe_lab.planning.layout import ExecutionLayout
 from npumoe_lab.results.atomic import atomic_open
-from npumoe_lab.utils import host_description, progress, sha256_json, with_torch_threads
+from npumoe_lab.utils import host_description, progress, sha256_json
 
 DEVICES = ("cpu", "onnxruntime", "coreml")
 PATHS = {"cpu": "torch", "onnxruntime": "onnxruntime", "coreml": "coreml"}
@@ -263,35 +263,6 @@ def write_measurements(rows, out_dir, device: str, fallbacks=None, record=None) 
     with atomic_open(path, "w") as fh:
         yaml.safe_dump(doc, fh, sort_keys=False)
     return path
-
-
-def register_cli(sub):
-    p = sub.add_parser("measure", help="micro-benchmark this machine's ops into measurement rows (fit-device input)")
-    p.add_argument("--device", required=True, help=f"one of {', '.join(DEVICES)}")
-    p.add_argument("--geometry", default=",".join(GEOMETRIES), help=f"comma list of {', '.join(GEOMETRIES)}")
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats per op (median and IQR kept; >= 3)")
-    p.add_argument("--quick", action="store_true", help="a smaller grid (tests, a first look)")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True, help="folder for measurements.yaml")
-    p.set_defaults(func=_cli)
-
-
-def _cli(a) -> int:
-    geoms = tuple(g.strip() for g in a.geometry.split(",") if g.strip())
-    check_args(a.device, geoms, a.repeats)
-    if a.device == "coreml":
-        from npumoe_lab.experiments.measure_coreml import measure_coreml   # lazy: the Mac-only path
-        rows, fallbacks, record = measure_coreml(geoms, a.repeats, a.quick, a.seed)
-        path = write_measurements(rows, a.out, a.device, fallbacks, record)
-        print(f"{len(rows)} measured rows ({len(fallbacks)} graphs fell off the ANE: listed under fallbacks, not "
-              f"timed as NPU rows; powermetrics {record.get('powermetrics')}) written to {path}")
-        return 0
-    rows = with_torch_threads(measure_device)(a.device, geoms, a.repeats, a.quick, a.seed, threads=a.threads)
-    path = write_measurements(rows, a.out, a.device)
-    busy = sum(r["host_busy"] for r in rows)
-    print(f"{len(rows)} measured rows ({busy} flagged host_busy) written to {path}")
-    return 0
 
 
 __all__ = ["measure_device", "write_measurements", "grid", "host_chip", "DEVICES", "GEOMETRIES"]

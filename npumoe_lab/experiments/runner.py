@@ -6,7 +6,6 @@ against the `reference` variant (HF's own dropless experts) on the same samples.
 """
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,13 +21,14 @@ from npumoe_lab.execution.drift import DriftMonitor
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.experts import attach, detach, dropless_executor, set_executor
 from npumoe_lab.execution.geometry import ModelGeometry
-from npumoe_lab.planning.knobs import PlanKnobs, add_knob_arguments, knobs_from_args
+from npumoe_lab.planning.knobs import PlanKnobs
 from npumoe_lab.planning.layout import ExecutionLayout
 from npumoe_lab.results.metrics import ReferenceLogits, bootstrap_ci, logit_agreement
 from npumoe_lab.models import describe, load_model, model_fingerprint
 from npumoe_lab.planning.plan import Plan, variant_plan
-from npumoe_lab.execution.runtime import PrefillConfig, check_chunk, check_context, chunked_prefill, run_prefill
-from npumoe_lab.results.stats import change_statement, paired_exact
+from npumoe_lab.execution.runtime import (PrefillConfig, check_chunk, check_context, check_lengths, chunked_prefill,
+                                         run_prefill)
+from npumoe_lab.results.stats import paired_exact
 from npumoe_lab.execution.timeline import to_frame
 from npumoe_lab.utils import progress, provenance, with_torch_threads
 from npumoe_lab.planning.variants import ABLATION, PAPER_ABLATION_SPEEDUP, parse_variants
@@ -115,6 +115,7 @@ class _Run:
         if (repeats is not None and repeats < 1) or n_samples < 1:
             raise NpuMoeError(f"repeats and n_samples must be >= 1; got {repeats} and {n_samples}")
         check_chunk(chunk)
+        check_lengths(prompt_len, chunk)
         if isinstance(model, tuple):
             model_obj, tok = model
             name = model_name or getattr(model_obj.config, "_name_or_path", "model")
@@ -326,8 +327,10 @@ def ablation_report(df: pd.DataFrame) -> str:
 
 
 def median_table(df: pd.DataFrame, cols) -> str:
-    """One line per (variant, platform): the median over repeats of each number (what the ablation line uses)."""
+    """One line per (variant, platform): the median over repeats of each number (what the ablation line uses).
+    Columns the rows do not have are left out (modeled-only runs have no IQR or host_busy columns)."""
     keys = ["variant", "platform"]
+    cols = [c for c in cols if c in df.columns]
     g = df.groupby(keys, sort=False)
     num = [c for c in cols if c not in keys and pd.api.types.is_numeric_dtype(df[c]) and df[c].dtype != bool]
     other = [c for c in cols if c not in keys and c not in num]
@@ -335,56 +338,3 @@ def median_table(df: pd.DataFrame, cols) -> str:
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         return f"(median over repeats; measured rows: {int(df.groupby(keys).size().max())} repeats)\n" + \
             t.to_string(index=False)
-
-
-def register_cli(sub):
-    p = sub.add_parser("run", help="run variants on a workload and write result rows")
-    p.add_argument("--model", default="tiny")
-    p.add_argument("--workload", required=True)
-    p.add_argument("--variant", default="all", help="comma list or 'all'")
-    p.add_argument("--platform", default="cpu,m2-max", help="comma list; see `npumoe-lab platforms`")
-    p.add_argument("--prompt-len", type=int, default=1024)
-    p.add_argument("--chunk", type=int, default=256)
-    p.add_argument("--plan", default=None, help="a plan JSON for the npumoe variants (else built from calibration)")
-    p.add_argument("--repeats", type=int, default=None,
-                   help=f"timed repeats per sample (default: {MEASURED_REPEATS} on a measured platform, 1 modeled)")
-    p.add_argument("--samples", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--calib-workload", default="mixed")
-    p.add_argument("--calib-tokens", type=int, default=8192)
-    add_knob_arguments(p, with_defaults=False)       # unset: the plan's / variant's own knobs
-    p.add_argument("--timeline", action="store_true", help="also write the per-op timeline")
-    p.add_argument("--npu-backend", default=None, choices=["torch", "onnxruntime", "coreml"],
-                   help="what runs resident groups on a measured platform (default: torch in process)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads for the run (default: torch's own choice); recorded per row")
-    p.add_argument("--dtype", default="auto",
-                   help="model dtype: auto (this CPU's fast dtype: bf16 with avx512_bf16/AMX, else fp32), fp32, bf16")
-    p.add_argument("--drift", action="store_true", help="monitor routing drift of the plan variants (drift_* columns)")
-    p.add_argument("--out", required=True)
-    p.set_defaults(func=_cli_run)
-    q = sub.add_parser("platforms", help="list the platforms with their sources")
-    q.set_defaults(func=lambda a: print(__import__("npumoe_lab.devices.hostcpu", fromlist=["x"]).platforms_report())
-                   or 0)
-
-
-def _cli_run(a: argparse.Namespace) -> int:
-    knobs = knobs_from_args(a)
-    df = run_experiment(model=a.model, workload=a.workload, variants=a.variant, platforms=a.platform,
-                        prompt_len=a.prompt_len, chunk=a.chunk, plan=a.plan, repeats=a.repeats,
-                        n_samples=a.samples, seed=a.seed, out=a.out, calib_workload=a.calib_workload,
-                        calib_tokens=a.calib_tokens, timeline=a.timeline, npu_backend=a.npu_backend,
-                        threads=a.threads, dtype=a.dtype, drift=a.drift, **knobs)
-    cols = ["variant", "platform", "timing_source", "ttft_s", "ttft_iqr_s", "host_busy", "energy_per_token_mj",
-            "cpu_busy_s", "n_npu_calls", "drop_rate", "pad_rate", "score", "accuracy_delta"]
-    print(median_table(df, [c for c in cols if c in df.columns]))
-    for r in df.drop_duplicates(["variant", "platform"]).itertuples():
-        if r.variant != "reference" and pd.notna(getattr(r, "accuracy_lost", None)):
-            print(f"  {r.variant} @ {r.platform}: " + change_statement(
-                r.accuracy_lost, r.accuracy_gained, r.n_samples, r.accuracy_loss_bound, r.accuracy_exact_low,
-                r.accuracy_exact_high))
-    report = ablation_report(df)
-    if report:
-        print("\nablation (TTFT speedup vs npumoe-base):\n" + report)
-    print(f"\nrows written to {a.out}")
-    return 0

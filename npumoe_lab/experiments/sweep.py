@@ -13,6 +13,7 @@ A cell folder is locked (flock) while it runs, so a re-run never races an orphan
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import re
 import socket
@@ -30,8 +31,9 @@ from npumoe_lab.experiments.sweep_record import die_with_parent, merge_sweep_jso
 from npumoe_lab.experiments.sweep_spec import cell_key, load_spec, read_notebook
 
 EXECUTORS = ("local", "dask")
-# kernels log nothing but errors: ipykernel's "running over TCP without encryption" warning, once per cell, is
-# about a loopback socket the sweep itself opened
+# fresh kernels (papermill's own, one per cell) log nothing but errors: ipykernel's "running over TCP without
+# encryption" warning is about a loopback socket the sweep itself opened (warm kernels use IPC sockets and never
+# give it: warm_kernel.ipc_transport; tests/experiments/test_quiet_kernels.py checks both)
 KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
 DONE, FAILED = "DONE.json", "FAILED.json"
 
@@ -99,17 +101,36 @@ def run_sweep(yaml_path, out_dir, workers: int = 1, executor: str = "local", sch
         from npumoe_lab.experiments.dask_executor import dask_map as run_all  # lazy: dask is an optional, heavy dependency
     else:
         run_all = local_map
+    pooled, serial = _split_measured(spec, tasks, workers)
     bar = progress(total=len(cells), initial=len(report.skipped), desc=f"sweep {spec.name}", unit="cell")
     with bar:
-        for task, result in run_all(run_cell, tasks, workers, scheduler):
+        for task, result in itertools.chain(run_all(run_cell, pooled, workers, scheduler) if pooled else (),
+                                            local_map(run_cell, serial, 1)):
             outcome = _outcome(task, result)
             getattr(report, outcome.status).append(outcome)  # done | skipped | failed
             bar.update(1)
             bar.set_postfix(failed=len(report.failed))
-    if any(t["warm"] for t in tasks) and workers == 1:   # this process's warm kernel: done with this sweep
+    in_process = workers == 1 or len(pooled) <= 1 or serial
+    if any(t["warm"] for t in tasks) and in_process:   # this process's warm kernel: done with this sweep
         from npumoe_lab.experiments.warm_kernel import shutdown  # lazy: registers a papermill engine
         shutdown()
     return report
+
+
+def _split_measured(spec, tasks: list, workers: int) -> tuple[list, list]:
+    """(cells for the pool, cells run one at a time here): with several workers, the cells that time a measured
+    platform run alone, after the others (sweep_measured.py says why); one line on stderr says so up front."""
+    if workers == 1 or spec.kind != "notebook" or not tasks:
+        return tasks, []
+    from npumoe_lab.experiments.sweep_measured import measured_platforms, notebook_defaults  # lazy: reads the notebook
+    defaults = notebook_defaults(spec.notebook)
+    serial = [t for t in tasks if measured_platforms(t["params"], defaults)]
+    if serial:
+        names = sorted({p for t in serial for p in measured_platforms(t["params"], defaults)})
+        _say(f"[sweep] {len(serial)} of {len(tasks)} cells time the measured platform {', '.join(names)} on this "
+             f"host: they run one at a time after the others ({workers} workers timing the host at once are each "
+             "other's load, and their rows would all be host_busy)")
+    return [t for t in tasks if t not in serial], serial
 
 
 def run_cell(task: dict) -> dict:
@@ -134,8 +155,8 @@ def run_cell(task: dict) -> dict:
                 _run_notebook(task, cell_dir)
         except Exception as exc:  # noqa: BLE001 - a failed cell must not stop the sweep
             error, trace = _describe(exc)
-            write_json(cell_dir / FAILED, {**info, "error": error, "traceback": trace,
-                                           "duration_s": time.time() - started, "finished": _iso(time.time())})
+            record_failure(cell_dir, {**info, "error": error, "traceback": trace,
+                                      "duration_s": time.time() - started, "finished": _iso(time.time())})
             return {"status": "failed", "error": error, "duration_s": time.time() - started}
         duration = time.time() - started
         rows = sorted(p.name for p in cell_dir.glob("*.parquet") if not p.name.startswith("."))
@@ -143,6 +164,18 @@ def run_cell(task: dict) -> dict:
                                      "row_files": rows})
         _say(f"[sweep] cell {task['key']} done in {duration:.0f} s: {cell_label(task['params'])}")
         return {"status": "done", "duration_s": duration}
+
+
+def record_failure(cell_dir: Path, payload: dict) -> bool:
+    """Write FAILED.json, best-effort: a cell without DONE.json is retried and never loaded anyway, so a full disk
+    or a vanished folder must not crash the whole sweep (one line on stderr says what could not be written)."""
+    try:
+        write_json(Path(cell_dir) / FAILED, payload)
+        return True
+    except OSError as exc:
+        _say(f"[sweep] cell {payload.get('cell')}: could not write {FAILED} ({exc.strerror or exc}); the cell "
+             "counts as failed and re-runs next time")
+        return False
 
 
 def _run_notebook(task: dict, cell_dir: Path) -> None:
@@ -215,8 +248,8 @@ def _outcome(task: dict, result) -> CellOutcome:
     cell_dir = Path(task["cell_dir"])
     if isinstance(result, BaseException):  # the worker itself died: record it like a notebook failure
         error, trace = _describe(result)
-        write_json(cell_dir / FAILED, {"cell": task["key"], "params": task["params"], "error": error,
-                                       "traceback": trace, "finished": _iso(time.time())})
+        record_failure(cell_dir, {"cell": task["key"], "params": task["params"], "error": error,
+                                  "traceback": trace, "finished": _iso(time.time())})
         result = {"status": "failed", "error": error}
     return CellOutcome(task["key"], task["params"], cell_dir, result["status"], result.get("duration_s"),
                        result.get("error"))
@@ -265,25 +298,3 @@ def _describe(exc: BaseException) -> tuple[str, str]:
 
 def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).isoformat()
-
-
-def register_cli(subparsers) -> None:
-    p = subparsers.add_parser("sweep", help="run a notebook over a parameter grid (papermill), resumably",
-                              description="Run SWEEP.yaml's notebook once per grid cell. Re-running skips "
-                                          "cells with DONE.json and retries failed ones.")
-    p.add_argument("sweep", help="sweep YAML (notebook, parameters, grid, optional include/name)")
-    p.add_argument("--out", required=True, help="results folder (created; reused to resume)")
-    p.add_argument("--workers", type=int, default=1, help="cells run at once (default 1)")
-    p.add_argument("--executor", choices=EXECUTORS, default="local",
-                   help="local process pool, or Dask distributed (a LocalCluster unless --scheduler)")
-    p.add_argument("--scheduler", default=None, help="address of a running Dask scheduler (tcp://host:8786)")
-    p.add_argument("--fresh-kernels", action="store_true",
-                   help="a new kernel per cell (default for local workers: one warm kernel each, reused)")
-    p.set_defaults(func=_cli)
-
-
-def _cli(args) -> int:
-    report = run_sweep(args.sweep, args.out, workers=args.workers, executor=args.executor,
-                       scheduler=args.scheduler, warm=not args.fresh_kernels)
-    print(report.summary())
-    return 0 if report.ok else 1

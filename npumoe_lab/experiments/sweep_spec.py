@@ -153,6 +153,25 @@ def notebook_parameters(nb, path) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+class DuplicateKey(yaml.YAMLError):
+    def __init__(self, what: str, line: int):
+        super().__init__(what)
+        self.what, self.line = what, line
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (a parameter, a grid entry, `grid:` itself)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise DuplicateKey(f"key {key!r}", key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def _load(path: Path, stack: tuple) -> dict:
     if path in stack:
         raise NpuMoeError(f"include cycle: {' -> '.join(map(str, (*stack, path)))}; remove one include")
@@ -160,7 +179,10 @@ def _load(path: Path, stack: tuple) -> dict:
         where = f" (included from {stack[-1]})" if stack else ""
         raise NpuMoeError(f"sweep file {path}{where} not found; check the path")
     try:
-        doc = yaml.safe_load(path.read_text()) or {}
+        doc = yaml.load(path.read_text(), Loader=UniqueKeyLoader) or {}
+    except DuplicateKey as exc:
+        raise NpuMoeError(f"sweep file {path} line {exc.line}: {exc.what} is given twice; keep one (YAML would "
+                          "silently keep the last)") from None
     except yaml.YAMLError as exc:
         raise NpuMoeError(f"sweep file {path} is not valid YAML ({exc})") from None
     if not isinstance(doc, dict):

@@ -16,8 +16,7 @@ import numpy as np
 import pandas as pd
 
 from npumoe_lab.devices import cpu_model
-from npumoe_lab.devices import validate as device_validate
-from npumoe_lab.devices.cpu_fit import is_host_fit, load_host_model, validate_host_rows
+from npumoe_lab.devices.cpu_fit import load_host_model
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.results.atomic import atomic_open
 from npumoe_lab.results.store import load_results, load_timelines
@@ -102,26 +101,4 @@ def write_validation(df: pd.DataFrame, out_dir, platform_path, runs_dir) -> Path
     return out / "RUNS_VALIDATION.md"
 
 
-def register_cli(sub):
-    """validate-device (devices/validate.py's parser) plus --runs: held-out measured runs re-priced by a host fit."""
-    device_validate.register_cli(sub)
-    p = sub.choices["validate-device"]
-    p.add_argument("--runs", default=None, help="a folder of `run --platform cpu --timeline` results: re-price "
-                                                "every measured row's op stream with the fitted host model")
-    p.set_defaults(func=_cli)
-
-
-def _cli(a) -> int:
-    if a.runs is not None:
-        df = validate_runs(a.platform, a.runs)
-        path = write_validation(df, a.out, a.platform, a.runs)
-        print(report(df, a.platform, a.runs) + f"\nwritten {path} and runs_validation.csv")
-        return 0
-    if is_host_fit(a.platform):      # a fitted host model prices op-level host rows
-        _, text = validate_host_rows(a.platform, a.measurements, a.out)
-        print(text + f"\nwritten to {a.out} (validation.csv, VALIDATION.md)")
-        return 0
-    return device_validate._cli(a)
-
-
-__all__ = ["register_cli", "validate_runs", "reprice_timeline", "summary", "report", "write_validation"]
+__all__ = ["validate_runs", "reprice_timeline", "summary", "report", "write_validation"]

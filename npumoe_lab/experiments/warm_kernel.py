@@ -14,7 +14,9 @@ reply) skips both and takes ~0.01 s. Cycles left by a cell are collected by Pyth
 from __future__ import annotations
 
 import atexit
+import shutil
 import threading
+from pathlib import Path
 
 from papermill.clientwrap import PapermillNotebookClient
 from papermill.engines import NBClientEngine, papermill_engines
@@ -31,6 +33,14 @@ def _run_sync(fn):
     return run_sync(fn)
 
 
+def ipc_transport() -> dict:
+    """Kernel sockets as local IPC files in a private temp folder instead of TCP on localhost: nothing listens on
+    a port of a shared machine, and ipykernel has no reason to print its "running over TCP without encryption"
+    warning (once per kernel, into every sweep's and the demo's output)."""
+    import tempfile
+    return {"transport": "ipc", "ip": str(Path(tempfile.mkdtemp(prefix="npumoe-kernel-")) / "kernel")}
+
+
 def warm_manager(kernel_name: str, cwd: str):
     """A running kernel for (kernel_name, cwd), started on first use, its user namespace cleared."""
     from jupyter_client.manager import AsyncKernelManager
@@ -40,7 +50,7 @@ def warm_manager(kernel_name: str, cwd: str):
         shutdown(key)
         km = None
     if km is None:
-        km = AsyncKernelManager(kernel_name=kernel_name)
+        km = AsyncKernelManager(kernel_name=kernel_name, **ipc_transport())
         _run_sync(km.start_kernel)(cwd=str(cwd), extra_arguments=["--HistoryManager.hist_file=:memory:"])
         _KERNELS[key] = km
     else:
@@ -88,6 +98,8 @@ def shutdown(key=None) -> None:
                 _run_sync(km.shutdown_kernel)(now=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+            if km.transport == "ipc":                    # its private socket folder (ipc_transport)
+                shutil.rmtree(Path(km.ip).parent, ignore_errors=True)
 
 
 atexit.register(shutdown)

@@ -33,6 +33,10 @@ def resolve_model_dir(name_or_path) -> Path:
     return path
 
 
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def resolve_dtype(dtype) -> torch.dtype:
     """None -> float32: checkpoints stored in bf16/fp16 are upcast, the CPU reference runs in fp32."""
     if dtype is None:
@@ -50,7 +54,11 @@ def load_model(name_or_path, dtype=None, *, attn_implementation: str = "eager"):
 
     path = resolve_model_dir(name_or_path)
     torch_dtype = resolve_dtype(dtype)
-    config = AutoConfig.from_pretrained(path)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as exc:   # broken JSON, unknown model_type, missing fields
+        raise NpuMoeError(f"{path / 'config.json'} cannot be read as an HF config ({_first_line(exc)}); restore the "
+                          "checkpoint's config.json (or download the checkpoint again)") from None
     family = get_family(config)
     if not family.moe_layers(config):  # checked on the config so a dense model fails before loading weights
         raise NpuMoeError(f"the {config.model_type} model at {path} has no MoE layers (every layer is dense under "

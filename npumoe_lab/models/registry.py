@@ -76,7 +76,11 @@ def _tensor_bytes(t: torch.Tensor) -> bytes:
 
 def model_fingerprint(model: nn.Module, refresh: bool = False) -> str:
     """sha256 over the model's config (without runtime switches, paths and private keys) and every tensor in its
-    state_dict (name, dtype, shape, bytes). Cached on the model: pass refresh=True after changing weights."""
+    state_dict (name, shape, and its values rounded to bf16). So the dtype a run computes in does not change it:
+    the fp32 and bf16 loads of a checkpoint share it, and every load of an fp16 checkpoint (calibrate in one
+    dtype, run in another); any change of the weights above bf16 precision changes it. (An fp16 load of an fp32
+    checkpoint rounds, and underflows, weights differently: its fingerprint differs.) Cached on the model: pass
+    refresh=True after changing weights."""
     cached = getattr(model, "_npumoe_fingerprint", None)
     if cached and not refresh:
         return cached
@@ -84,7 +88,7 @@ def model_fingerprint(model: nn.Module, refresh: bool = False) -> str:
               if not k.startswith("_") and k not in _VOLATILE_CONFIG_KEYS}
     h = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
     for name, tensor in sorted(model.state_dict().items()):
-        h.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        h.update(_tensor_bytes(tensor))
+        h.update(f"{name}|{tuple(tensor.shape)}|".encode())
+        h.update(_tensor_bytes(tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor))
     model._npumoe_fingerprint = h.hexdigest()
     return model._npumoe_fingerprint

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.planning.choices import ORDERS  # noqa: F401 - named apart: the CLI lists it without numpy
 
 EXPANDED_DIM_LIMIT = 65536
-ORDERS = ("popularity", "coactivation")
 
 
 @dataclass(frozen=True)

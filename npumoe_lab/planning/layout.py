@@ -121,12 +121,13 @@ class ExecutionLayout:
                                bool(plan.renormalize), int(plan.chunk), plan.model_fingerprint, plan.hash)
 
 
-def check_model(planned: str | None, fingerprint: str) -> None:
+def check_model(planned: str | None, fingerprint: str, hint: str = "") -> None:
     """The one model check of plans and layouts: `fingerprint` (the model's) must be the one planned for
     (None: a layout for any model of these specs)."""
     if planned is not None and fingerprint != planned:
-        raise NpuMoeError(f"the plan was built for model {planned[:12]} but this model is {fingerprint[:12]}; "
-                          "calibrate and plan this model (npumoe-lab calibrate / plan)")
+        raise NpuMoeError(f"the plan was built for model {planned[:12]} but this model is {fingerprint[:12]}: other "
+                          f"weights{hint} (the fingerprint does not depend on the dtype: fp32, bf16 and fp16 loads of one "
+                          "checkpoint share it); calibrate and plan this model (npumoe-lab calibrate / plan)")
 
 
 __all__ = ["ExecutionLayout", "LayerLayout", "GroupLayout", "check_model"]

@@ -19,9 +19,9 @@ from npumoe_lab.planning.profile import CalibrationProfile
 from npumoe_lab.devices import as_platform
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.planning.grouping import make_groups_with_notes
-from npumoe_lab.planning.knobs import PlanKnobs, add_knob_arguments, knobs_from_args
+from npumoe_lab.planning.knobs import PlanKnobs
 from npumoe_lab.planning.layout import ExecutionLayout, LayerLayout, check_model
-from npumoe_lab.models import describe, load_model, model_fingerprint
+from npumoe_lab.models import describe, model_fingerprint
 from npumoe_lab.planning.residency import assign_residency, fit_budget
 from npumoe_lab.core.saliency import check_rule
 from npumoe_lab.planning.tiers import assign_tiers, expected_drop_rate, expected_kept_tokens, expected_padding
@@ -100,7 +100,12 @@ class Plan:
 
     def check_model(self, model_or_fingerprint) -> None:
         fp = model_or_fingerprint if isinstance(model_or_fingerprint, str) else _fingerprint(model_or_fingerprint)
-        check_model(self.model_fingerprint, fp)
+        planned = self.calibration.get("dtype")
+        have = None if isinstance(model_or_fingerprint, str) else _dtype_of(model_or_fingerprint)
+        hint = (f" (calibrated in {planned}, this model is loaded in {have}: an fp16 load of an fp32/bf16 "
+                "checkpoint rounds its weights differently; load it in fp32 or bf16)"
+                if planned and have == "fp16" and planned != have else "")
+        check_model(self.model_fingerprint, fp, hint)
 
     def build_kwargs(self) -> dict:
         """The build_plan keyword arguments this plan was built with (for variant_plan / rebuilding)."""
@@ -182,7 +187,8 @@ def _specs(profile, model_or_specs) -> list:
     fp = _fingerprint(model_or_specs)
     if fp != profile.meta["model_fingerprint"]:
         raise NpuMoeError(f"the calibration profile is of model {profile.meta['model_fingerprint'][:12]} but this "
-                          f"model is {fp[:12]}; calibrate this model first (npumoe-lab calibrate)")
+                          f"model is {fp[:12]}: other weights (the fingerprint does not depend on the dtype); calibrate this model "
+                          "first (npumoe-lab calibrate)")
     return describe(model_or_specs)
 
 
@@ -258,7 +264,13 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
     stored = {n: v for n, v in k.as_dict().items() if n not in ("saliency", "renormalize")} | {"residency": residency}
     return Plan(model_fingerprint=meta["model_fingerprint"], chunk=profile.chunk, saliency=k.saliency,
                 renormalize=bool(k.renormalize), platform=getattr(plat, "name", plat), knobs=stored, layers=layers,
-                calibration={n: meta.get(n) for n in ("workload", "n_tokens", "n_chunks", "created", "model")})
+                calibration={n: meta.get(n) for n in ("workload", "n_tokens", "n_chunks", "created", "model", "dtype")})
+
+
+def _dtype_of(model) -> str | None:
+    params = getattr(model, "parameters", None)
+    p = next(params(), None) if params else None
+    return {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}.get(str(getattr(p, "dtype", "")))
 
 
 def variant_plan(profile, variant: str, model_or_specs=None, platform="m2-max",
@@ -270,32 +282,3 @@ def variant_plan(profile, variant: str, model_or_specs=None, platform="m2-max",
     if v.experts != "plan":
         raise NpuMoeError(f"variant {variant!r} runs its experts without a plan ({v.experts}); nothing to build")
     return build_plan(profile, model_or_specs, platform, PlanKnobs.of(knobs, **{**overrides, **v.plan_overrides}))
-
-
-# -- CLI -------------------------------------------------------------------------------------------------
-def _cli(args) -> int:
-    if args.show:
-        print(Plan.load(args.show).summary())
-        return 0
-    if not args.profile or not args.out:
-        raise NpuMoeError("plan needs --profile DIR and --out PLAN.json (or --show PLAN.json)")
-    model = load_model(args.model)[0] if args.model else None
-    kw = dict(knobs_from_args(args), platform=None if args.platform == "none" else args.platform)
-    plan = variant_plan(args.profile, args.variant, model, **kw) if args.variant else \
-        build_plan(args.profile, model, **kw)
-    plan.save(args.out)
-    print(plan.summary())
-    print(f"wrote {args.out}")
-    return 0
-
-
-def register_cli(subparsers) -> None:
-    p = subparsers.add_parser("plan", help="build a static capacity/group/residency plan from a calibration profile")
-    p.add_argument("--profile", help="calibration profile directory (npumoe-lab calibrate --out)")
-    p.add_argument("--out", help="plan JSON to write")
-    p.add_argument("--show", metavar="PLAN.json", help="print the summary of an existing plan and exit")
-    p.add_argument("--model", help="check the profile against this model ('tiny' or a directory)")
-    p.add_argument("--variant", help="force a variant's knobs (npumoe-base, npumoe-t, npumoe-tg, npumoe, naive-npu)")
-    p.add_argument("--platform", default="m2-max", help="platform name, or 'none' for no device limits")
-    add_knob_arguments(p)
-    p.set_defaults(func=_cli)

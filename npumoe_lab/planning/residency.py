@@ -20,8 +20,8 @@ import math
 
 from npumoe_lab.devices.cost import expert_ffn_cost
 from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.planning.choices import RESIDENCY_MODES  # noqa: F401 - named apart: the CLI lists it without numpy
 
-RESIDENCY_MODES = ("threshold", "cost", "all")
 
 
 def group_times(group, platform, hidden: int, intermediate: int, dtype_bytes: int = 2,

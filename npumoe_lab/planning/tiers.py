@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.planning.choices import CAPACITY_RULES  # noqa: F401 - named apart: the CLI lists it without numpy
 
-CAPACITY_RULES = ("tiered", "optimal", "uniform", "max_observed")
 ALIGNMENTS = (1, 8, 16, 32, 64)
 
 

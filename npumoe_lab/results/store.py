@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -59,9 +60,15 @@ def write_rows(rows, out_dir, name: str | None = None) -> Path:
     return _write(df, out_dir, name, "rows")
 
 
-def load_results(results_dir) -> pd.DataFrame:
-    """All result rows below `results_dir` (recursive) as one DataFrame with stable dtypes."""
-    files = _files(results_dir, "rows")
+def load_results(results_dir, include_failed: bool = False) -> pd.DataFrame:
+    """All result rows below `results_dir` (recursive) as one DataFrame with stable dtypes. The rows of a sweep
+    cell that did not finish (no DONE.json: failed, or still running) are left out unless `include_failed`: a
+    failed cell's partial rows would otherwise be drawn as data (one line on stderr says how many were skipped)."""
+    files, skipped = _files(results_dir, "rows", include_failed, with_skipped=True)
+    if skipped:
+        print(f"load_results: left out the rows of {len(skipped)} unfinished or failed sweep cell(s) under "
+              f"{results_dir} (e.g. {skipped[0]}); load_results(..., include_failed=True) reads them",
+              file=sys.stderr)
     if not files:
         raise NpuMoeError(f"no result rows (*.parquet written by write_rows) under {results_dir}; run "
                           f"`npumoe-lab run`/`npumoe-lab sweep --out {results_dir}` first, or pass the folder "
@@ -158,15 +165,26 @@ def _write(df: pd.DataFrame, out_dir, name: str | None, kind: str) -> Path:
     return path
 
 
-def _files(results_dir, kind: str) -> list[Path]:
+def unfinished_cell(folder: Path) -> bool:
+    """A sweep cell folder (DIR/cells/<key>/ beside DIR/sweep.json) without its DONE.json success marker."""
+    folder = Path(folder)
+    return (folder.parent.name == "cells" and (folder.parent.parent / "sweep.json").is_file()
+            and not (folder / "DONE.json").is_file())
+
+
+def _files(results_dir, kind: str, include_failed: bool = True, with_skipped: bool = False):
     import pyarrow.parquet as pq
 
     root = Path(results_dir)
     if not root.is_dir():
         raise NpuMoeError(f"results folder {root} does not exist; pass the --out folder of a run or sweep")
-    found = []
+    found, skipped = [], []
     for folder, dirs, names in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))  # archived attempts, caches
+        if not include_failed and unfinished_cell(Path(folder)):
+            if any(n.endswith(".parquet") for n in names):
+                skipped.append(Path(folder))
+            continue
         for n in sorted(names):
             path = Path(folder) / n
             if not n.endswith(".parquet") or is_temp(path):
@@ -180,7 +198,7 @@ def _files(results_dir, kind: str) -> list[Path]:
             untagged_rows = tag is None and kind == "rows" and set(KEY_COLUMNS) <= set(schema.names)
             if (tag or b"").decode() == kind or untagged_rows:
                 found.append(path)
-    return found
+    return (found, skipped) if with_skipped else found
 
 
 def _read(path: Path) -> pd.DataFrame:

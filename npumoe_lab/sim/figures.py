@@ -15,7 +15,7 @@ def tornado(res: pd.DataFrame, conclusion: str) -> Figure:
     g = res[res.case != "baseline"].groupby("knob").ratio.agg(["min", "max"])
     g = g.assign(span=np.log(g["max"] / g["min"]).abs() + np.abs(np.log(g[["min", "max"]].div(base))).max(1))
     g = g.sort_values("span")
-    fig = Figure(figsize=(7.5, 0.42 * len(g) + 1.6))
+    fig = Figure(figsize=(7.5, 0.42 * len(g) + 1.6), layout="constrained")
     ax = fig.add_subplot()
     y = np.arange(len(g))
     lo, hi = np.minimum(g["min"], base), np.maximum(g["max"], base)
@@ -33,22 +33,23 @@ def tornado(res: pd.DataFrame, conclusion: str) -> Figure:
     ax.set_xlabel("ratio (> 1: the conclusion holds) — modeled")
     ax.set_title(f"{conclusion}\n(red: an alternative flips it; modeled, {res.geometry.iloc[0]} on "
                  f"{res.platform.iloc[0]})", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.subplots_adjust(left=0.32, right=0.75)
+    ax.legend(fontsize=7, loc="best")
     return fig
 
 
 def paper_check_figure(table: pd.DataFrame) -> Figure:
     """Modeled / paper per quantity (log axis; 1 = agreement), unfitted platform values."""
     t = table.dropna(subset=["ratio"]).iloc[::-1]
-    fig = Figure(figsize=(8, 0.32 * len(t) + 1.4))
+    fig = Figure(figsize=(8, 0.32 * len(t) + 1.4), layout="constrained")     # room for labels, none wasted
     ax = fig.add_subplot()
     y = np.arange(len(t))
-    ax.barh(y, t["ratio"], color=["tab:green" if 0.8 <= r <= 1.25 else "tab:orange" for r in t["ratio"]])
+    colors = ["tab:green" if 0.8 <= r <= 1.25 else "tab:orange" for r in t["ratio"]]
+    # points with a stem from 1 (agreement): on a log axis a bar from zero has no meaning, a distance from 1 has
+    ax.hlines(y, 1.0, t["ratio"], colors=colors, lw=1.5)
+    ax.scatter(t["ratio"], y, s=16, c=colors, zorder=3)
     ax.axvline(1.0, color="black", lw=1)
     ax.set_xscale("log")
     ax.set_yticks(y, t["quantity"], fontsize=7)
     ax.set_xlabel("modeled / paper (1 = agreement; green within 0.8-1.25x) — model values are modeled")
     ax.set_title("NPUMoE paper numbers vs the workbench's device model (unfitted)", fontsize=9)
-    fig.subplots_adjust(left=0.45, right=0.97)
     return fig

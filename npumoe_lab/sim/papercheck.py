@@ -10,16 +10,13 @@ platforms are used as sourced (a fitted profile would be a separate platform, fi
 """
 from __future__ import annotations
 
-import argparse
 import math
-import time
 from pathlib import Path
 
 import pandas as pd
 
 from npumoe_lab.devices import get_platform
 from npumoe_lab.errors import NpuMoeError
-from npumoe_lab.results.store import write_rows
 from npumoe_lab.sim.report import BASELINES, PAPER_END_TO_END, PAPER_RANGES
 from npumoe_lab.sim.run import iter_simulation
 from npumoe_lab.sim.sensitivity import VARIANTS, cases, report, score
@@ -179,40 +176,6 @@ def markdown(table: pd.DataFrame, sens: pd.DataFrame, routing: str) -> str:
         for geo, g in sens.groupby("geometry"):
             lines += ["", f"### {geo}", "", report(g)]
     return "\n".join(lines) + "\n"
-
-
-def register_cli(sub) -> None:
-    p = sub.add_parser("paper-check", help="the device model against every number of the paper's results it can "
-                                           "predict (table + figure), with the parameters each is sensitive to")
-    p.add_argument("--routing", default="synthetic:gini=0.6")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-sensitivity", action="store_true", help="skip the per-quantity sensitivity runs")
-    p.add_argument("--fitted", default=None, help="a folder of fit-device outputs (<platform>-fit.yaml, e.g. "
-                                                  "data/fits): the check is rerun on them, side by side")
-    p.add_argument("--out", required=True)
-    p.set_defaults(func=_cli)
-
-
-def _cli(a: argparse.Namespace) -> int:
-    from npumoe_lab.sim.figures import paper_check_figure      # matplotlib only when drawing
-    t0 = time.perf_counter()
-    fits = fitted_platforms(GRID["platforms"], a.fitted) if a.fitted else {}
-    table, sens, df = paper_check(a.routing, a.seed, not a.no_sensitivity)
-    out = Path(a.out)
-    write_rows(df, out / "grid")
-    text = markdown(table, sens, a.routing)
-    if fits:
-        ftable, _, fdf = paper_check(a.routing, a.seed, False, platform_map=fits)
-        write_rows(fdf, out / "grid-fitted")
-        ftable.to_csv(out / "paper_check_fitted.csv", index=False)
-        text += side_by_side(table, ftable, fits)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "PAPERCHECK.md").write_text(text)
-    table.to_csv(out / "paper_check.csv", index=False)
-    paper_check_figure(table).savefig(out / "paper_check.png", dpi=150, bbox_inches="tight")
-    print(text + f"\n{len(table)} quantities in {time.perf_counter() - t0:.0f} s; written to {out} "
-                 "(PAPERCHECK.md, paper_check.csv, paper_check.png, grid/)")
-    return 0
 
 
 __all__ = ["paper_check", "quantities", "markdown"]

@@ -204,6 +204,8 @@ def _parse_params(text: str, allowed: dict) -> dict:
     out = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, _, value = part.partition("=")
+        if key in out:
+            raise NpuMoeError(f"synthetic routing parameter {key} is given twice ({text!r}); give it once")
         if key not in allowed or not value:
             raise NpuMoeError(f"synthetic routing parameter {part!r} is unknown; use {', '.join(allowed)} as "
                               "key=value (e.g. synthetic:gini=0.6,layer_overlap=0.5)")
@@ -276,5 +278,8 @@ def parse_routing(spec, specs, seed: int = 0):
     path = rest if kind == "profile" else spec
     if Path(path).is_dir():
         return from_profile(specs, path)
+    if kind == "profile":
+        raise NpuMoeError(f"routing {spec!r}: calibration profile folder {path} not found; give the --out folder of "
+                          "`npumoe-lab calibrate`")
     raise NpuMoeError(f"routing {spec!r} is not a source: use synthetic:gini=0.6, profile:DIR (from `npumoe-lab "
                       "calibrate`), or tiny")

@@ -9,7 +9,6 @@ rates are the plans' capacities against the sampled per-chunk counts.
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import time
 from pathlib import Path
@@ -21,16 +20,15 @@ from npumoe_lab.devices import as_platform
 from npumoe_lab.results.store import knob_columns, write_rows, write_timeline
 from npumoe_lab.execution.engine import PlanExecutor
 from npumoe_lab.errors import NpuMoeError
-from npumoe_lab.planning.knobs import PlanKnobs, add_knob_arguments, knobs_from_args
+from npumoe_lab.planning.knobs import PlanKnobs
 from npumoe_lab.planning.layout import ExecutionLayout
 from npumoe_lab.planning.plan import variant_plan
-from npumoe_lab.execution.runtime import PrefillConfig, check_chunk, check_context
+from npumoe_lab.execution.runtime import PrefillConfig, check_context, check_lengths
 from npumoe_lab.execution.timeline import to_frame
 from npumoe_lab.utils import progress, provenance
 from npumoe_lab.planning.variants import parse_variants
-from npumoe_lab.sim.geometries import list_geometries, load_geometry
+from npumoe_lab.sim.geometries import load_geometry
 from npumoe_lab.sim.replay import replay_prefill
-from npumoe_lab.sim.report import ratios
 from npumoe_lab.sim.routing import parse_routing
 
 WEIGHT_FORMATS = {"fp16": {}, "int8": {"npu_weight_bytes": "int8"}}   # -> platform override of the NPU's weights
@@ -80,6 +78,17 @@ def simulate(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="
     """Simulate every combination; returns (and writes to `out`) one row per (geometry, platform, variant,
     prompt length, chunk). Comma lists or lists for geometry, platforms (names or Platform objects, e.g. with
     overrides), variants, prompt_len and chunk."""
+    df, timelines = simulate_with_timelines(geometry, routing, platforms, variants, prompt_len, chunk, weights, seed,
+                                            timeline, **plan_knobs)
+    if out is not None:
+        save_simulation(df, timelines, out)
+    return df
+
+
+def simulate_with_timelines(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="m2-max",
+                            variants="all", prompt_len=1024, chunk=512, weights: str = "fp16", seed: int = 0,
+                            timeline: bool = False, **plan_knobs):
+    """(rows, the per-op timelines or None): simulate() without writing (the CLI prints before it writes)."""
     rows, frames = [], []
     for row, res in iter_simulation(geometry, routing, platforms, variants, prompt_len, chunk, weights, seed,
                                     **plan_knobs):
@@ -88,12 +97,15 @@ def simulate(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="
             frames.append(to_frame(res.events).assign(variant=row["variant"], platform=row["platform"],
                                                       model=row["model"], prompt_len=row["prompt_len"],
                                                       chunk_size=row["chunk"], sample=0))
-    df = pd.DataFrame(rows)
-    if out is not None:
-        write_rows(df, out)
-        if frames:
-            write_timeline(pd.concat(frames, ignore_index=True), Path(out) / "timelines")
-    return df
+    return pd.DataFrame(rows), (pd.concat(frames, ignore_index=True) if frames else None)
+
+
+def save_simulation(df: pd.DataFrame, timelines, out) -> list[Path]:
+    """The rows (and timelines) of a simulation into `out`; the paths written."""
+    paths = [write_rows(df, out)]
+    if timelines is not None:
+        paths.append(write_timeline(timelines, Path(out) / "timelines"))
+    return paths
 
 
 def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=1024, chunk=512, weights="fp16",
@@ -112,9 +124,7 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
     vlist = parse_variants(variants)
     prompts, chunks = _list(prompt_len, int), _list(chunk, int)
     for (name, _, geo), c, t in itertools.product(geos, chunks, prompts):
-        check_chunk(c)
-        if t < 1:
-            raise NpuMoeError(f"prompt length must be >= 1; got {t}")
+        check_lengths(t, c)
         check_context(geo.context, c, f"--chunk {c} for geometry {name}")
         check_context(geo.context, t, f"--prompt-len {t} for geometry {name}")
     sources = {name: parse_routing(routing, list(geo.moe), seed) for name, _, geo in geos}   # all checked first
@@ -142,41 +152,3 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
     finally:
         bar.close()
         torch.set_num_threads(threads)
-
-
-def register_cli(sub) -> None:
-    p = sub.add_parser("simulate", help="paper-scale prefill from a model's geometry and routing statistics "
-                                        "(no weights; times modeled)")
-    p.add_argument("--geometry", default="qwen3-30b-a3b",
-                   help=f"comma list of {', '.join(list_geometries())} or config.json paths")
-    p.add_argument("--routing", default="synthetic:gini=0.6",
-                   help="synthetic:gini=G[,layer_overlap=L,workload_overlap=W,seed=N] | profile:DIR | tiny")
-    p.add_argument("--platform", default="m2-max", help="comma list of modeled platforms")
-    p.add_argument("--variant", default="all", help="comma list or 'all'")
-    p.add_argument("--prompt-len", default="1024", help="comma list")
-    p.add_argument("--chunk", default="512", help="comma list")
-    p.add_argument("--weights", default="fp16", choices=list(WEIGHT_FORMATS),
-                   help="NPU weight storage: fp16, or int8 dequantized on the NPU (half the bytes streamed)")
-    p.add_argument("--seed", type=int, default=0)
-    add_knob_arguments(p, with_defaults=False)       # unset: each variant's plan defaults
-    p.add_argument("--timeline", action="store_true", help="also write the per-op timelines")
-    p.add_argument("--out", required=True)
-    p.set_defaults(func=_cli)
-
-
-def _cli(a: argparse.Namespace) -> int:
-    knobs = knobs_from_args(a)
-    t0 = time.perf_counter()
-    df = simulate(a.geometry, a.routing, a.platform, a.variant, a.prompt_len, a.chunk, a.weights, a.seed, a.out,
-                  a.timeline, **knobs)
-    cols = ["model", "platform", "prompt_len", "chunk", "variant", "ttft_s", "energy_per_token_mj", "cpu_cycles",
-            "n_npu_calls", "drop_rate", "pad_rate"]
-    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 400):
-        print(df[cols].to_string(index=False))
-        sp = ratios(df, "ttft_s")
-        if not sp.empty:
-            print("\nnpumoe TTFT speedup (baseline / npumoe, modeled):\n"
-                  + sp.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
-    print(f"\n{len(df)} rows (timing modeled, numerics none; routing {df.routing_source.iloc[0]}, measured Gini of "
-          f"the sampled counts {df.routing_gini.iloc[0]:.3f}) in {time.perf_counter() - t0:.1f} s; written to {a.out}")
-    return 0

@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from npumoe_lab.execution.drift import POLICIES, DriftLimits, DriftMonitor, DriftWarning, as_limits
+from npumoe_lab.execution.drift import POLICIES, DriftMonitor, DriftWarning, as_limits
 from npumoe_lab.execution.engine import PlanExecutor
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.calibrate import calibration_profile
 from npumoe_lab.execution.experts import attach, detach
 from npumoe_lab.execution.geometry import ModelGeometry
-from npumoe_lab.models import describe, load_model
+from npumoe_lab.models import describe
 from npumoe_lab.planning.plan import build_plan
 from npumoe_lab.execution.routing import RoutingRecorder
-from npumoe_lab.execution.runtime import PrefillConfig, check_chunk, run_prefill
+from npumoe_lab.execution.runtime import PrefillConfig, check_lengths, run_prefill
 from npumoe_lab.sim.replay import replay_prefill
 from npumoe_lab.workloads.texts import DOMAINS
 from npumoe_lab.workloads.lm_heldout import heldout_windows
@@ -54,6 +54,16 @@ class DriftReport:
                          f" ms, rebuilt plan {s['ttft_new_ms_modeled']:.3f} ms")
         return "\n".join(lines)
 
+    def save(self, out) -> list[Path]:
+        """drift_per_chunk.csv, drift_records.csv, drift_summary.json in `out` (created); the paths written."""
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = [out / "drift_per_chunk.csv", out / "drift_records.csv", out / "drift_summary.json"]
+        self.per_chunk.to_csv(paths[0], index=False)
+        self.drift.to_csv(paths[1], index=False)
+        paths[2].write_text(json.dumps(self.summary, indent=2, default=str))
+        return paths
+
 
 def _chunk_drops(stats) -> pd.Series:
     df = pd.DataFrame([(c, s.routed, s.dropped) for c, _, s in stats], columns=["chunk", "routed", "dropped"])
@@ -75,9 +85,7 @@ def drift_run(model, tokenizer, calib_domain: str = "scripture", run_domain: str
     for name, d in (("calib_domain", calib_domain), ("run_domain", run_domain)):
         if d not in DOMAINS:
             raise NpuMoeError(f"{name}={d!r} is not a domain; use one of {', '.join(DOMAINS)}")
-    check_chunk(chunk)
-    if prompt_len % chunk:
-        raise NpuMoeError(f"prompt_len={prompt_len} must be a multiple of chunk={chunk} (whole chunks only)")
+    check_lengths(prompt_len, chunk, whole_chunks=True)
     if recalibrate not in POLICIES:
         raise NpuMoeError(f"recalibrate={recalibrate!r}: use one of {POLICIES}")
     limits = as_limits(limits)              # bad limits fail before any calibration runs
@@ -126,45 +134,6 @@ def drift_run(model, tokenizer, calib_domain: str = "scripture", run_domain: str
             "drop_gap_points": 100 * float(later["drop_adaptive"].mean() - later["drop_direct"].mean()),
             "ttft_old_ms_modeled": 1e3 * ttft[0], "ttft_new_ms_modeled": 1e3 * ttft[1]}
     return DriftReport(per_chunk, drift, monitor.rebuilds, summary)
-
-
-def _cli(args) -> int:
-    limits = {k: getattr(args, f"limit_{k}") for k in DriftLimits.__dataclass_fields__
-              if getattr(args, f"limit_{k}", None) is not None}
-    model, tok = load_model(args.model)
-    rep = drift_run(model, tok, args.calib, args.run, prompt_len=args.prompt_len, chunk=args.chunk,
-                    calib_tokens=args.calib_tokens, recalibrate=args.recalibrate, platform=args.platform,
-                    limits=limits, persist=args.persist, window=args.window)
-    print(rep.text())
-    print(rep.per_chunk.to_string(index=False))
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        rep.per_chunk.to_csv(out / "drift_per_chunk.csv", index=False)
-        rep.drift.to_csv(out / "drift_records.csv", index=False)
-        (out / "drift_summary.json").write_text(json.dumps(rep.summary, indent=2, default=str))
-        print(f"wrote {out}/drift_per_chunk.csv, drift_records.csv, drift_summary.json")
-    return 0
-
-
-def register_cli(sub) -> None:
-    p = sub.add_parser("drift", help="routing drift: a plan calibrated on one domain prefilling another's "
-                                     "held-out text, with the drift monitor and recalibration")
-    p.add_argument("--model", default="tiny")
-    p.add_argument("--calib", default="scripture", help=f"calibration domain ({', '.join(DOMAINS)})")
-    p.add_argument("--run", default="code", help="domain of the lm-heldout prompt")
-    p.add_argument("--prompt-len", type=int, default=2048)
-    p.add_argument("--chunk", type=int, default=128)
-    p.add_argument("--calib-tokens", type=int, default=4096)
-    p.add_argument("--recalibrate", default="rebuild", choices=POLICIES)
-    p.add_argument("--persist", type=int, default=2, help="drifting chunks in a row before a rebuild")
-    p.add_argument("--window", type=int, default=8, help="live chunks the running profile keeps")
-    p.add_argument("--platform", default="m2-max")
-    for k in DriftLimits.__dataclass_fields__:
-        p.add_argument(f"--limit-{k.replace('_', '-')}", dest=f"limit_{k}", type=int if k == "hot_k" else float,
-                       help=f"drift limit {k} (default {getattr(DriftLimits(), k)})")
-    p.add_argument("--out", help="directory for drift_per_chunk.csv, drift_records.csv, drift_summary.json")
-    p.set_defaults(func=_cli)
 
 
 __all__ = ["DriftReport", "drift_run", "recorded_chunks"]

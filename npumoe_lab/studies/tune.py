@@ -28,15 +28,17 @@ from npumoe_lab.studies.adaptive import recorded_chunks
 from npumoe_lab.execution.calibrate import CalibrationProfile, calibration_documents
 from npumoe_lab.execution.engine import PlanExecutor
 from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.utils import progress
 from npumoe_lab.execution.calibrate import calibration_profile
 from npumoe_lab.execution.experts import attach, detach
 from npumoe_lab.execution.geometry import ModelGeometry
 from npumoe_lab.planning.knobs import PlanKnobs
 from npumoe_lab.models import describe, load_model
 from npumoe_lab.planning.plan import build_plan
+from npumoe_lab.viz import figcheck
 from npumoe_lab.viz.plot_helpers import figure
 from npumoe_lab.execution.routing import RoutingRecorder
-from npumoe_lab.execution.runtime import PrefillConfig, check_chunk, chunked_prefill, run_prefill
+from npumoe_lab.execution.runtime import PrefillConfig, check_lengths, chunked_prefill, run_prefill
 from npumoe_lab.sim.geometries import load_geometry
 from npumoe_lab.sim.replay import replay_prefill
 from npumoe_lab.sim.routing import parse_routing
@@ -109,7 +111,7 @@ def pareto(df: pd.DataFrame, cols=("ttft_ms", "drop_rate", "energy_mj")) -> pd.S
 def _score(plans, geometry, config, routings, prompt_len) -> pd.DataFrame:
     """Replay every prompt's routing through each plan; means over the prompts."""
     rows = []
-    for i, plan in enumerate(plans):
+    for i, plan in enumerate(progress(plans, desc="tune: score candidates", unit="plan")):
         ex = PlanExecutor(plan, [], npu_dtype=config.npu_dtype)
         runs = [replay_prefill(geometry, ex, config, r, prompt_len)[0].summary for r in routings]
         rows.append({"candidate": i, **{col: float(np.mean([scale * s[key] for s in runs])) for col, key, scale in
@@ -126,7 +128,7 @@ def _recorded(model, tok, workload: str, chunk: int, prompt_len: int, n: int, se
         raise NpuMoeError(f"calibration workload {workload!r} has no document of {prompt_len} tokens")
     detach(model)
     out = []
-    for ids in docs:
+    for ids in progress(docs, desc="tune: record routing", unit="prompt"):
         with RoutingRecorder(model) as rec:
             chunked_prefill(model, torch.tensor([ids]), chunk, keep_logits=False)
         out.append(recorded_chunks(rec.records))
@@ -158,9 +160,7 @@ def tune(model="tiny", geometry=None, budget_drop=None, budget_ttft_ms=None, pla
                     ("n_record", n_record)):
         if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "confirm" else 1):
             raise NpuMoeError(f"{name}={v!r} must be an integer >= {0 if name == 'confirm' else 1}")
-    check_chunk(chunk)
-    if prompt_len % chunk:
-        raise NpuMoeError(f"prompt_len={prompt_len} must be a multiple of chunk={chunk}")
+    check_lengths(prompt_len, chunk, whole_chunks=True)
     if isinstance(profile, (str, Path)):
         profile = CalibrationProfile.load(profile)
     config = PrefillConfig(platform, chunk)
@@ -257,82 +257,24 @@ def _write(out: Path, report: dict, scored: pd.DataFrame) -> None:
     ax = axes[0, 0]
     ax.scatter(scored["ttft_ms"], 100 * scored["drop_rate"], s=10, c="0.75", label="candidates")
     sc = ax.scatter(front["ttft_ms"], 100 * front["drop_rate"], s=28, c=front["energy_mj"], cmap="viridis",
-                    label="Pareto front")
+                    edgecolors="black", linewidths=0.5)
+    from matplotlib.lines import Line2D          # lazy like figure(): matplotlib only when drawing
+    ax.add_line(Line2D([], [], ls="", marker="o", mfc="none", mec="black", label="Pareto front (fill: energy)"))
     fig.colorbar(sc, ax=ax, label="energy (mJ, modeled)")
     c = report["chosen"]
     ax.scatter([c["ttft_ms_replay_modeled"]], [100 * c["drop_rate_replayed"]], marker="*", s=120, c="red",
                label="chosen")
     ax.set_xlabel(f"TTFT (ms, modeled on {report['platform']})")
     ax.set_ylabel("dropped assignments (%, replayed routing)")
-    ax.set_title(f"tune {report['target']}: TTFT x drop x energy (modeled)", fontsize=8)
+    ax.text(0.0, 1.01, f"TTFT and energy modeled (platform {report['platform']}); drop: replayed routing",
+            transform=ax.transAxes, ha="left", va="bottom", fontsize=5, color="0.3", gid=figcheck.SOURCE_GID)
+    ax.set_title(f"tune {report['target']}: TTFT x drop x energy (modeled)", fontsize=8, pad=10)
     ax.legend(fontsize=6)
+    figcheck.record("tune-front", fig)
     fig.savefig(out / "front.png", dpi=130)
     (out / "tune.json").write_text(json.dumps({k: v for k, v in report.items()
                                                if k not in ("plan", "front", "candidates")}, indent=2,
                                               default=str))
-
-
-def _parse_space(items) -> dict:
-    space = {}
-    for item in items or []:
-        name, sep, values = item.partition("=")
-        if not sep or not values:
-            raise NpuMoeError(f"--space {item!r}: use NAME=V1,V2 (e.g. tiers=2,3)")
-        space[name.replace("-", "_")] = [_value(v) for v in values.split(",")]
-    return space
-
-
-def _value(text: str):
-    if text == "none":
-        return None
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def _cli(args) -> int:
-    report = tune(model=args.model, geometry=args.geometry, budget_drop=args.budget_drop,
-                  budget_ttft_ms=args.budget_ttft_ms, platform=args.platform, out=args.out, chunk=args.chunk,
-                  prompt_len=args.prompt_len, calib_workload=args.calib_workload, calib_tokens=args.calib_tokens,
-                  routing=args.routing, profile=args.profile, space=_parse_space(args.space),
-                  n_candidates=args.candidates, confirm=args.confirm, seed=args.seed)
-    c, d = report["chosen"], report["default"]
-    print(f"tune {report['target']} on {report['platform']}: {report['n_candidates']} candidates, "
-          f"{report['front_size']} on the Pareto front, {report['elapsed_s_measured']:.1f} s (measured)")
-    print(f"chosen knobs {report['chosen_knobs'] or '(defaults)'}: TTFT {c['ttft_ms_modeled']:.3f} ms (modeled), "
-          f"drop {c['drop_rate']:.2%} ({c['drop_source']}), energy {c['energy_mj_modeled']:.3f} mJ (modeled)"
-          + ("" if report["met"] else "  -- BUDGET NOT MET by any confirmed candidate"))
-    print(f"default knobs: TTFT {d['ttft_ms_modeled']:.3f} ms (modeled), drop {d['drop_rate']:.2%} "
-          f"({d['drop_source']})")
-    if args.out:
-        print(f"wrote {Path(args.out) / 'plan.json'}, candidates.csv, front.csv, front.png, tune.json")
-    return 0
-
-
-def register_cli(sub) -> None:
-    p = sub.add_parser("tune", help="search plan knobs for a drop-rate or TTFT budget (Pareto front)")
-    who = p.add_mutually_exclusive_group()
-    who.add_argument("--model", default="tiny", help="model name or path (default tiny)")
-    who.add_argument("--geometry", help="a geometry name or config.json: simulation only, nothing confirmed")
-    b = p.add_mutually_exclusive_group(required=True)
-    b.add_argument("--budget-drop", type=float, help="largest drop rate (share of routed assignments, e.g. 0.05)")
-    b.add_argument("--budget-ttft-ms", type=float, help="largest modeled TTFT in ms")
-    p.add_argument("--platform", default="m2-max")
-    p.add_argument("--out", help="directory for plan.json, front.csv/png, candidates.csv, tune.json")
-    p.add_argument("--chunk", type=int, default=128)
-    p.add_argument("--prompt-len", type=int, default=512)
-    p.add_argument("--calib-workload", default="mixed")
-    p.add_argument("--calib-tokens", type=int, default=4096)
-    p.add_argument("--profile", help="a calibration profile directory of this model (default: calibrate, cached)")
-    p.add_argument("--routing", help="routing source with --geometry (default tiny; see `npumoe-lab simulate`)")
-    p.add_argument("--space", action="append", metavar="KNOB=V1,V2", help="values to try for a knob (repeatable)")
-    p.add_argument("--candidates", type=int, default=40, help="random candidates besides the defaults")
-    p.add_argument("--confirm", type=int, default=2, help="top candidates confirmed with real numerics")
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=_cli)
 
 
 __all__ = ["tune", "candidates", "pareto", "SPACE"]

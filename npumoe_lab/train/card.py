@@ -15,7 +15,6 @@ Procedures (a test recomputes them, tests/test_tiny_model.py):
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
@@ -138,17 +137,12 @@ def load(model_dir: Path):
     return model, tok
 
 
-def main(argv=None):
+def write_card(model_dir=MODEL_DIR, n: int = 24, lens: str = "1024,2048", threads: int = 2,
+               skip_workloads: bool = False) -> dict:
+    """Measure the card's metrics of the model in `model_dir` and write card_metrics.json + README.md there."""
     import torch
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--model-dir", default=str(MODEL_DIR))
-    p.add_argument("--n", type=int, default=24)
-    p.add_argument("--lens", default="1024,2048", help="prompt lengths, optionally LEN:N (e.g. 1024:32,2048:16)")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--skip-workloads", action="store_true")
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    d = Path(args.model_dir)
+    torch.set_num_threads(threads)
+    d = Path(model_dir)
     model, tok = load(d)
     metrics_path = d / "card_metrics.json"
     metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
@@ -159,14 +153,15 @@ def main(argv=None):
     metrics["routing"] = routing_stats(model, tok)
     print([round(l["gini"], 3) for l in metrics["routing"]["layers"]], flush=True)
     metrics_path.write_text(json.dumps(metrics, indent=1))
-    if not args.skip_workloads:
-        lens = [tuple(map(int, x.split(":"))) if ":" in x else (int(x), args.n) for x in args.lens.split(",")]
-        metrics["workloads"] = workload_scores(model, tok, lens, args.n)
+    if not skip_workloads:
+        lens = [tuple(map(int, x.split(":"))) if ":" in x else (int(x), n) for x in lens.split(",")]
+        metrics["workloads"] = workload_scores(model, tok, lens, n)
     metrics["params"] = int(sum(p.numel() for p in model.parameters()))
     metrics_path.write_text(json.dumps(metrics, indent=1))
     write_readme(d, metrics)
-    return 0
+    return metrics
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":     # the script's options live with the commands' (npumoe_lab/cli/card.py)
+    import importlib
+    raise SystemExit(importlib.import_module("npumoe_lab.cli.card").main())

@@ -11,7 +11,6 @@ logs `training_log.csv` + `loss_curve.png` in the run dir, exports fp16 weights 
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
@@ -356,43 +355,6 @@ def train(args) -> int:
     return 0
 
 
-def add_args(p: argparse.ArgumentParser):
-    p.add_argument("--minutes", type=float, default=60.0, help="training time budget (wall clock)")
-    p.add_argument("--stages", default="512:0.45,1024:0.35,2304:0.2",
-                   help="length curriculum SEQ_LEN:TIME_FRACTION,... (default: %(default)s)")
-    p.add_argument("--batch-tokens", type=int, default=6144)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--warmup", type=int, default=60)
-    p.add_argument("--synth-frac", type=float, default=0.5, help="share of sequences that are synthetic tasks")
-    p.add_argument("--task-weights", default="multikey:0.4,vt:0.4,fewshot:0.2",
-                   help="shares of the synthetic tasks (default: %(default)s)")
-    p.add_argument("--max-queries", type=int, default=4, help="answered multi-key queries per sequence: 1..N")
-    p.add_argument("--weight-copies", action="store_true",
-                   help="repeat task: the copied halves get the answer-token loss weight")
-    p.add_argument("--answer-weight", type=float, default=4.0, help="extra loss weight of answer tokens")
-    p.add_argument("--probe-len", type=int, default=512)
-    p.add_argument("--eval-minutes", type=float, default=4.0)
-    p.add_argument("--threads", default="2", help="torch threads, or 'auto' (switch between 1 and 2 by measured "
-                   "speed: on a shared 2-core machine 1 thread is often faster)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--experts-impl", default="grouped_mm")
-    p.add_argument("--run-dir", default=str(DEFAULT_RUN))
-    p.add_argument("--export", default=str(DEFAULT_EXPORT), help="export dir ('' to skip)")
-    p.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint in --run-dir")
-
-
-def register_cli(subparsers):
-    p = subparsers.add_parser("train-tiny", help="train the bundled tiny MoE (time-budgeted, resumable)")
-    add_args(p)
-    p.set_defaults(func=train)
-
-
-def main(argv=None) -> int:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # no spinning OpenMP threads on a shared CPU
-    p = argparse.ArgumentParser(prog="python -m npumoe_lab.train.trainer", description=__doc__)
-    add_args(p)
-    return train(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":     # the script's options live with the commands' (npumoe_lab/cli/train_tiny.py)
+    import importlib
+    raise SystemExit(importlib.import_module("npumoe_lab.cli.train_tiny").main())

@@ -16,6 +16,7 @@ import ipywidgets as W
 import pandas as pd
 
 from npumoe_lab.devices import get_platform, list_platforms
+from npumoe_lab.viz import figcheck
 from npumoe_lab.viz.explorer import Knobs, PlanLab, summary_rows
 from npumoe_lab.viz.plan import capacity_vs_load, group_map, metrics_vs_baselines
 from npumoe_lab.viz.timeline import timeline
@@ -87,7 +88,9 @@ class Explorer(W.VBox):
                                 description="layer (capacity tab)", style=style, layout=lay)
         self.metrics = W.HTML().add_class("npumoe-metrics")
         self.status = W.HTML().add_class("npumoe-status")
-        self.images = {k: W.Image(format="png").add_class(f"npumoe-{k}") for k in PANELS}
+        # full notebook width: beside the sliders a 9-inch panel was squeezed to ~590 px (6 px text in JupyterLab)
+        self.images = {k: W.Image(format="png", layout=W.Layout(width="100%", max_width=f"{int(9.0 * DPI)}px"))
+                       .add_class(f"npumoe-{k}") for k in PANELS}
         self.tabs = W.Tab(children=[self.images[k] for k in PANELS], titles=TITLES)
         self._stale, self._layouts = set(PANELS), LayoutCache()
         self.real = W.Button(description="run real numerics", button_style="info", disabled=lab.model is None,
@@ -101,8 +104,8 @@ class Explorer(W.VBox):
         left = W.VBox([W.HTML(f"<b>{html.escape(lab.name)}</b> · prompt {lab.prompt_len} tokens"),
                        *self.controls.values(), self.layer, self.real, self.real_out],
                       layout=W.Layout(width="410px", flex="0 0 auto"))    # the sliders keep their readouts
-        right = W.VBox([self.metrics, self.tabs, self.status])
-        super().__init__([W.HBox([left, right])])
+        right = W.VBox([self.metrics, self.tabs, self.status], layout=W.Layout(width="100%"))
+        super().__init__([left, right])      # controls above, panels below at the notebook's full width
         self.evaluation = None
         self.update()
 
@@ -168,6 +171,7 @@ class Explorer(W.VBox):
             fig = capacity_vs_load(ev.plan, ev.profile, self.layer.value, width=9.0)
         else:
             fig = group_map(ev.plan, width=9.0)
+        figcheck.record(f"explorer-{name}", fig)
         self.images[name].value = self._layouts.png(name, fig)
         self._stale.discard(name)
 

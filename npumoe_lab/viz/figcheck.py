@@ -1,7 +1,10 @@
 """Legibility checks of a rendered matplotlib figure, used by the tests and by `NPUMOE_FIGURE_AUDIT`.
 
 A figure fails when: its data axes cover less than half of the figure, a legend has more than 12 entries, two
-visible text boxes overlap, or a panel showing time or energy carries no source label (gid `timing-source`).
+visible text boxes overlap, a panel showing time or energy carries no source label (gid `timing-source`), it has
+no title (a figure title, or the axes title of a one-panel figure: what and where), a bar starts from zero on a
+log axis (its length means nothing there: draw points), or the panels of one grid column use different scales
+for the same quantity (one scale per column: panels are read against each other).
 Setting NPUMOE_FIGURE_AUDIT=<file> makes every figure built by `npumoe_lab.viz.plots` append one JSON line
 {"figure": name, "problems": [...]} to that file (the notebook tests read it from their kernels).
 """
@@ -85,7 +88,50 @@ def audit_figure(fig) -> list[str]:
         label = f"{ax.get_ylabel()} {ax.get_xlabel()}"
         if any(w in label for w in TIMED_WORDS) and not [t for t in ax.texts if t.get_gid() == SOURCE_GID]:
             problems.append(f"panel {ax.get_ylabel()!r} shows time/energy without a source label")
+    problems += missing_title(fig, axes) + bars_on_log_axes(axes) + scale_mismatches(axes)
     return problems
+
+
+def missing_title(fig, axes) -> list[str]:
+    title = fig._suptitle.get_text().strip() if getattr(fig, "_suptitle", None) is not None else ""
+    if title or (len(axes) == 1 and axes[0].get_title().strip()):
+        return []
+    return ["the figure has no title (say what it shows and where: model, platform, prompt, chunk, routing)"]
+
+
+def bars_on_log_axes(axes) -> list[str]:
+    """Bars whose length starts at zero (or the axis edge) on a log or symlog value axis."""
+    from matplotlib.container import BarContainer
+    found = []
+    for ax in axes:
+        for cont in ax.containers:
+            if not isinstance(cont, BarContainer) or not cont.patches:
+                continue
+            horizontal = getattr(cont, "orientation", None) == "horizontal"
+            scale = ax.get_xscale() if horizontal else ax.get_yscale()
+            starts = [p.get_x() if horizontal else p.get_y() for p in cont.patches]
+            if scale in ("log", "symlog") and any(v <= 0 for v in starts):
+                name = ax.get_xlabel() if horizontal else ax.get_ylabel()
+                found.append(f"panel {name!r} draws bars on a {scale} axis (a bar's length means nothing there: "
+                             "draw points, or a linear axis)")
+    return found
+
+
+def scale_mismatches(axes) -> list[str]:
+    """Axes of one grid column that show the same quantity (axis label) on different scales."""
+    found, groups = [], {}
+    for ax in axes:
+        spec = ax.get_subplotspec() if hasattr(ax, "get_subplotspec") else None
+        if spec is None:
+            continue
+        grid = id(spec.get_gridspec())
+        groups.setdefault(("x", grid, spec.colspan.start, ax.get_xlabel()), []).append(ax.get_xscale())
+        groups.setdefault(("y", grid, spec.colspan.start, ax.get_ylabel()), []).append(ax.get_yscale())
+    for (axis, _, col, label), scales in groups.items():
+        if len(set(scales)) > 1:
+            found.append(f"column {col} mixes {axis} scales {sorted(set(scales))} for {label!r}: use one scale "
+                         "per column")
+    return found
 
 
 def record(name: str, fig) -> None:

@@ -109,7 +109,7 @@ def metrics_vs_baselines(rows: pd.DataFrame, source: str, current: str = "this p
     highlighted. `source`: the 'modeled (platform X)' label of the time/energy panels."""
     with style():
         from matplotlib.figure import Figure
-        fig = Figure(figsize=(width, 0.6 + 0.22 * len(rows)), layout="constrained")
+        fig = Figure(figsize=(width, 0.8 + 0.28 * len(rows)), layout="constrained")
         axes = fig.subplots(1, len(METRICS), sharey=True)
         names = list(rows["configuration"])
         colors = [NPU if n == current else "0.7" for n in names]
@@ -127,6 +127,7 @@ def metrics_vs_baselines(rows: pd.DataFrame, source: str, current: str = "this p
                         ha="left", va="bottom")
         axes[0].set_yticks(range(len(names)), names, fontsize=6.5)
         axes[0].invert_yaxis()
+        fig.suptitle(f"{current} against the baselines — {source}", fontsize=8)
         return fig
 
 

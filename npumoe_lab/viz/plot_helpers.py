@@ -66,9 +66,75 @@ def styled(fn):
     def wrapper(*args, **kwargs):
         with style():
             fig = fn(*args, **kwargs)
+            rows = next((a for a in args if isinstance(a, pd.DataFrame)), None)
+            if rows is not None and getattr(fig, "_suptitle", None) is None:
+                title = figure_title(fn.__name__, rows)
+                w, h = fig.get_size_inches()
+                fig.set_size_inches(w, h + 0.2 * (title.count("\n") + 1))    # the title's room, not the panels'
+                fig.suptitle(title, fontsize=8)
+            one_scale_per_column(fig)
             figcheck.record(fn.__name__, fig)
             return fig
     return wrapper
+
+
+_GENERALITY = {"linear": 0, "log": 1, "symlog": 2}
+
+
+def one_scale_per_column(fig) -> None:
+    """Panels of one grid column that show the same quantity get one scale (the most general of theirs: symlog >
+    log > linear), so they read against each other (figcheck flags a mix). Bar panels decide their column's scale
+    up front (hbars' `log=`), so this only ever turns point and line panels."""
+    groups = {}
+    for ax in fig.axes:
+        spec = ax.get_subplotspec() if hasattr(ax, "get_subplotspec") else None
+        if spec is None or not ax.get_visible() or ax.get_label() == "<colorbar>":
+            continue
+        for axis in ("x", "y"):
+            label = ax.get_xlabel() if axis == "x" else ax.get_ylabel()
+            groups.setdefault((axis, id(spec.get_gridspec()), spec.colspan.start, label), []).append(ax)
+    for (axis, *_), axes in groups.items():
+        scales = [getattr(a, f"get_{axis}scale")() for a in axes]
+        if len(set(scales)) < 2:
+            continue
+        target = max(scales, key=_GENERALITY.get)
+        lows = [getattr(a, f"get_{axis}lim")()[0] for a in axes]
+        if target == "log" and min(lows) <= 0:
+            target = "symlog"
+        kw = {}
+        if target == "symlog":
+            done = [getattr(a, f"{axis}axis")._scale for a in axes if getattr(a, f"get_{axis}scale")() == "symlog"]
+            top = max(abs(getattr(a, f"get_{axis}lim")()[1]) for a in axes)
+            kw["linthresh"] = min([s.linthresh for s in done] or [float(10 ** np.floor(np.log10(top * 1e-3)))])
+        for a in axes:
+            getattr(a, f"set_{axis}scale")(target, **kw)
+            if target == "log":
+                log_ticks(a, axis)
+
+
+WHAT = {"plot_baselines": "TTFT, energy and CPU cycles per variant", "plot_ablation": "ablation: TTFT speedup over "
+        "npumoe-base", "plot_accuracy": "accuracy vs drop rate", "plot_tiers": "padding vs drop rate",
+        "plot_grouping": "group size vs TTFT / energy / NPU calls", "plot_residency": "hot threshold vs TTFT / energy"}
+
+
+def _values(rows, col, fmt=str) -> str | None:
+    if col not in rows.columns:
+        return None
+    vals = [v for v in pd.unique(rows[col]) if v is not None and not (not isinstance(v, str) and pd.isna(v))]
+    return "/".join(fmt(v) for v in sorted(vals, key=str)[:4]) + ("/..." if len(vals) > 4 else "") if vals else None
+
+
+def figure_title(name: str, rows: pd.DataFrame) -> str:
+    """What the figure shows and where: model, platform(s), prompt, chunk, workload or routing source."""
+    what = WHAT.get(name, name.replace("plot_", "").replace("_", " "))
+    parts = [("model", _values(rows, "model")), ("on", _values(rows, "platform")),
+             ("prompt", _values(rows, "prompt_len")), ("chunk", _values(rows, "chunk")),
+             ("workload", _values(rows, "workload"))]
+    routing = _values(rows, "routing_source")
+    if routing:
+        parts.append(("routing", routing.split(" (")[0]))
+    text = " · ".join(f"{k} {v}" for k, v in parts if v)
+    return "\n".join(textwrap.wrap(f"{what} — {text}" if text else what, 110))
 
 
 # -- sources ------------------------------------------------------------------------------------------------
@@ -149,9 +215,31 @@ def stats(df, metric) -> pd.DataFrame:
     d = df.dropna(subset=[metric])
     g = d.groupby(keys, dropna=False, sort=False)[metric]
     st = pd.DataFrame({"median": g.median(), "lo": g.quantile(0.25), "hi": g.quantile(0.75), "n": g.count()})
+    busy = "host_busy" in d.columns and metric in TIMED
+    st["busy"] = (d.assign(_b=d["host_busy"].fillna(False).astype(bool)).groupby(keys, dropna=False, sort=False)
+                  ["_b"].any().to_numpy()) if busy else False
     st = st.reset_index()
     st.attrs["source"] = metric_source(d, metric) if metric in TIMED else None
+    reasons = d.loc[d["host_busy"].fillna(False).astype(bool), "host_busy_reason"].dropna() \
+        if busy and "host_busy_reason" in d.columns else pd.Series(dtype=object)
+    st.attrs["busy_reason"] = str(reasons.iloc[0]) if len(reasons) else ("host busy" if st["busy"].any() else None)
     return st
+
+
+def unit(metric, values) -> tuple[str, float]:
+    """(axis label, scale) of a metric for these values: TTFT in ms when every value is below 1 s."""
+    label, scale = LABELS.get(metric, (metric, 1.0))
+    v = pd.to_numeric(pd.Series(values), errors="coerce").dropna()
+    if metric == "ttft_s" and len(v) and float(v.abs().max()) < 1.0:
+        return "TTFT (ms)", 1e3
+    return label, scale
+
+
+def wants_log(values) -> bool:
+    """Whether values span more than LOG_SPAN (auto_scale's rule), decided once for a whole column of panels."""
+    v = np.asarray(pd.to_numeric(pd.Series(values), errors="coerce").dropna(), dtype=float)
+    pos = v[v > 0]
+    return bool(pos.size >= 2 and not (v < 0).any() and pos.max() / pos.min() >= LOG_SPAN)
 
 
 def facets(df, rows=ROW_FACETS, cols=COL_FACETS) -> list[tuple[str, pd.DataFrame]]:
@@ -204,11 +292,17 @@ def variant_order(values) -> list[str]:
     return [v for v in VARIANT_ORDER if v in present] + sorted(present - set(VARIANT_ORDER))
 
 
+# index into seaborn's colorblind palette: npumoe (the method) gets the most salient colour, vermillion; the
+# reference is grey, the baselines and ablation steps the quieter hues
+_PALETTE_INDEX = {"reference": 7, "cpu-only": 0, "naive-npu": 5, "anemll": 4, "npumoe-base": 9, "npumoe-t": 2,
+                  "npumoe-tg": 8, "npumoe": 3, "npumoe-spill": 6}
+
+
 def variant_colors() -> dict:
     import seaborn as sns
 
-    pal = sns.color_palette("colorblind", len(VARIANT_ORDER))
-    return dict(zip(VARIANT_ORDER, pal))
+    pal = sns.color_palette("colorblind", 10)
+    return {v: pal[i] for v, i in _PALETTE_INDEX.items()}
 
 
 def color_of(variant) -> tuple:
@@ -236,6 +330,38 @@ def auto_scale(ax, values, axis: str = "y") -> None:
         setter("symlog", linthresh=float(10 ** np.floor(np.log10(max(pos.min(), pos.max() * 1e-3)))))
     else:
         setter("log")
+        log_ticks(ax, axis)
+
+
+def log_ticks(ax, axis: str) -> None:
+    """Labelled ticks at 1, 2 and 5 per decade and unlabelled minor ticks: a panel spanning less than a decade
+    still has labels, and matplotlib's crowded minor labels (3x10^0 over 4x10^0) never appear."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+    a = ax.xaxis if axis == "x" else ax.yaxis
+    a.set_major_locator(_LogTicks())
+    a.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+    a.set_minor_formatter(NullFormatter())
+
+
+def _log_ticks_class():
+    from matplotlib.ticker import Locator, LogLocator, MaxNLocator
+
+    class LogTicks(Locator):
+        """1-2-5 per decade over a wide view; three plain ticks over a view narrower than 5x (where the 1-2-5
+        ticks would leave one label, and matplotlib's fallback crowds a narrow panel)."""
+        def __call__(self):
+            vmin, vmax = sorted(self.axis.get_view_interval())
+            return self.tick_values(vmin, vmax)
+
+        def tick_values(self, vmin, vmax):
+            if vmin > 0 and vmax / vmin >= 5:
+                return LogLocator(base=10, subs=(1.0, 2.0, 5.0)).tick_values(vmin, vmax)
+            return MaxNLocator(3).tick_values(vmin, vmax)
+    return LogTicks
+
+
+def _LogTicks():
+    return _log_ticks_class()()
 
 
 def finish(ax, title, source, width_chars: int = 70) -> None:
@@ -250,21 +376,54 @@ def finish(ax, title, source, width_chars: int = 70) -> None:
         ax.set_title("\n".join(textwrap.wrap(title, 48)) or title, fontsize=7, pad=pad)
 
 
-def hbars(ax, st, metric, title, source=None, xlabel=None, names=True):
-    """Horizontal bars: one per variant (top to bottom in paper order), coloured by variant, IQR whiskers."""
-    label, scale = LABELS.get(metric, (xlabel, 1.0)) if metric else (xlabel, 1.0)
+BUSY_HATCH = "////"
+
+
+def hbars(ax, st, metric, title, source=None, xlabel=None, names=True, log=None, unit_of=None):
+    """One value per variant (top to bottom in paper order), coloured by variant, IQR whiskers: bars on a linear
+    axis, points on a log one (a bar's length means nothing on a log axis). `log`: the column's decision (one
+    scale per column), else these values'. `unit_of`: the values that pick the unit (the column's). Rows timed on
+    a busy host are drawn hatched and pale, with the reason in the panel's legend."""
+    label, scale = unit(metric, st["median"] if unit_of is None else unit_of) if metric else (xlabel, 1.0)
     order = variant_order(st["variant"])
     s = st.set_index("variant").reindex(order)
     y = np.arange(len(order))
     x = s["median"].to_numpy(dtype=float) * scale
-    ax.barh(y, x, color=[color_of(v) for v in order], height=0.7)
+    busy = s["busy"].fillna(False).astype(bool).to_numpy() if "busy" in s else np.zeros(len(order), bool)
+    log = wants_log(x) if log is None else log
+    colors = [color_of(v) for v in order]
+    if log:
+        for yi, xi, c, b in zip(y, x, colors, busy):
+            ax.plot([xi], [yi], "o", ms=4, color=c, alpha=0.4 if b else 1.0, mfc="white" if b else c)
+    else:
+        bars = ax.barh(y, x, color=colors, height=0.7)
+        for bar, b in zip(bars, busy):
+            if b:
+                bar.set_alpha(0.35)
+                bar.set_hatch(BUSY_HATCH)
+                bar.set_edgecolor("0.3")
     if (s["n"] > 1).any():
         err = np.clip([x - s["lo"].to_numpy(dtype=float) * scale, s["hi"].to_numpy(dtype=float) * scale - x], 0, None)
         ax.errorbar(x, y, xerr=err, fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
     ax.set_yticks(y, order if names else [""] * len(order))   # a row of panels names the variants once
     ax.invert_yaxis()
     ax.set_xlabel(label)
-    auto_scale(ax, x, "x")
+    if log:       # the column's decision, even where this panel's own values span less
+        pos = x[np.isfinite(x) & (x > 0)]
+        if len(pos) and (x[np.isfinite(x)] > 0).all():
+            ax.set_xscale("log")
+            log_ticks(ax, "x")
+        elif len(pos):
+            ax.set_xscale("symlog", linthresh=float(10 ** np.floor(np.log10(pos.min()))))
+    if busy.any():
+        from matplotlib.lines import Line2D
+        from matplotlib.patches import Patch
+        reason = st.attrs.get("busy_reason") or "host busy"
+        handle = Line2D([], [], ls="", marker="o", ms=4, mfc="white", mec="0.3") if log else \
+            Patch(facecolor="white", edgecolor="0.3", hatch=BUSY_HATCH)
+        ax.legend([handle],
+                  ["\n".join(textwrap.wrap(f"host busy, not a quiet timing: {reason}", 40))], fontsize=5,
+                  loc="lower right", frameon=True)
     finish(ax, title, st.attrs.get("source") if source is None else source)
 
 

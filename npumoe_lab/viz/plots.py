@@ -9,6 +9,7 @@ variant, facets for the rest, log axes over decades): see `plot_helpers`.
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import pandas as pd
 
 from npumoe_lab.viz import plot_helpers as pk
 from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.utils import progress
 from npumoe_lab.viz.plot_helpers import FACETS, LABELS, SOURCE_GID, VARIANT_ORDER  # noqa: F401 - public names
 from npumoe_lab.viz.timeline import timeline  # noqa: F401 - the prefill Gantt chart (plots_timeline.py)
 
@@ -29,9 +31,11 @@ def plot_baselines(df: pd.DataFrame):
     metrics = pk.available(df, ("ttft_s", "energy_per_token_mj", "cpu_cycles"), "baselines", need=("variant",))
     facets = pk.facets(pk.default_knobs(df.dropna(subset=metrics, how="all")))
     fig, axes = pk.figure(len(facets), len(metrics), 3.0, 2.2)
-    for r, (title, sub) in enumerate(facets):
-        for c, metric in enumerate(metrics):
-            pk.hbars(axes[r][c], pk.stats(sub, metric), metric, title, names=c == 0)
+    for c, metric in enumerate(metrics):       # one scale and one unit per column (a metric), over every facet
+        column = pd.concat([pk.stats(sub, metric)["median"] for _, sub in facets if sub[metric].notna().any()])
+        for r, (title, sub) in enumerate(facets):
+            pk.hbars(axes[r][c], pk.stats(sub, metric), metric, title, names=c == 0, log=pk.wants_log(column),
+                     unit_of=column)
     return fig
 
 
@@ -173,9 +177,10 @@ FIGURES = {"baselines": plot_baselines, "ablation": plot_ablation, "accuracy": p
            "tiers": plot_tiers, "grouping": plot_grouping, "residency": plot_residency}
 
 
-def make_all_figures(results_dir, out_dir, log=print, dpi: int = 200) -> list[Path]:
+def make_all_figures(results_dir, out_dir, log=None, dpi: int = 200) -> list[Path]:
     """Every figure the results have columns for (+ a heatmap per calibration profile found); others are
-    skipped with the reason logged. Returns the written PDF and PNG paths."""
+    skipped with the reason logged (`log`, default: a line on stderr). Returns the written PDF and PNG paths."""
+    log = log or (lambda line: print(line, file=sys.stderr))
     # lazy: experiments imports plots' users; loaded only when figures are written
     from npumoe_lab.results.store import load_results
 
@@ -188,18 +193,24 @@ def make_all_figures(results_dir, out_dir, log=print, dpi: int = 200) -> list[Pa
             raise
         df = None
     paths, skipped = [], []
+    bar = progress(total=len(FIGURES) + len(profiles), desc="figures", unit="fig")   # ~20 s for a demo folder
     for name, fn in FIGURES.items():
+        bar.set_postfix_str(name)
         try:
             fig = fn(df) if df is not None else None
         except NpuMoeError as exc:
             skipped.append(f"{name}: {exc}")
+            bar.update(1)
             continue
         if fig is not None:
             paths += save_figure(fig, out_dir, name, dpi)
+        bar.update(1)
     top = shared_vmax(profiles)
     for prof in profiles:   # one file each, all on one colour scale
         suffix = "" if len(profiles) == 1 else f"-{prof.name}"
         paths += save_figure(plot_popularity_heatmap(prof, vmax=top), out_dir, f"popularity{suffix}", dpi)
+        bar.update(1)
+    bar.close()
     from npumoe_lab.viz.timeline import timeline_figures   # timeline-*.png per prefill with a --timeline file
     paths += timeline_figures(results_dir, out_dir, df, dpi=dpi, log=log)
     for line in skipped:
@@ -283,10 +294,11 @@ def _sweep_lines(df, x, metrics, figure):
     facets = pk.facets(df.dropna(subset=[x]).dropna(subset=have, how="all"))
     fig, axes = pk.figure(len(facets), len(have), 3.0, 2.4)
     variants = set()
+    units = {m: pk.unit(m, df[m]) for m in have}       # one unit per column (ms when every TTFT is below 1 s)
     for r, (title, sub) in enumerate(facets):
         for c, metric in enumerate(have):
             st = pk.stats(sub, metric)
-            label, scale = LABELS[metric]
+            label, scale = units[metric]
             ax = axes[r][c]
             for v in pk.variant_order(st["variant"]):
                 s = st[st["variant"] == v].sort_values(x)
@@ -301,16 +313,3 @@ def _sweep_lines(df, x, metrics, figure):
             pk.finish(ax, title, st.attrs.get("source"))
     pk.variant_legend(fig, variants)
     return fig
-
-
-def register_cli(subparsers) -> None:
-    p = subparsers.add_parser("figures", help="make every paper figure the results allow (PDF + PNG)")
-    p.add_argument("results", help="results folder (rows from `npumoe-lab run` / `sweep`)")
-    p.add_argument("--out", required=True, help="folder for the figures")
-    p.set_defaults(func=_cli)
-
-
-def _cli(args) -> int:
-    for path in make_all_figures(args.results, args.out):
-        print(path)
-    return 0

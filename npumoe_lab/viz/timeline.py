@@ -159,7 +159,7 @@ def _draw(frame_or_events, title, platform, host, max_events, shared_queue, widt
     y = {name: len(lanes) - 1 - k for k, name in enumerate(lanes)}        # critical path on top
     sources = sorted(set(df["timing_source"]))
 
-    fig = Figure(figsize=(width, 1.1 + 0.55 * len(lanes)), layout="constrained")
+    fig = Figure(figsize=(width, 1.3 + 0.8 * len(lanes)), layout="constrained")
     ax, side = fig.subplots(1, 2, gridspec_kw={"width_ratios": [4.2, 1.0]})
     kinds = [k for k in KIND_STYLE if (df["kind"] == k).any()]
     for kind in kinds:
@@ -200,6 +200,12 @@ def _draw(frame_or_events, title, platform, host, max_events, shared_queue, widt
             ha="left", va="bottom", fontsize=6, color="0.3", gid=SOURCE_GID)
     ax.set_title(f"{title + ' · ' if title else ''}TTFT {ttft * scale:.4g} {unit}", fontsize=8, pad=12)
     _critical_by_kind(side, df, scale, unit)
+    side.text(0.0, 1.01, sources[0] if len(sources) == 1 else "mixed", transform=side.transAxes, ha="left",
+              va="bottom", fontsize=5, color="0.3", gid=SOURCE_GID)
+    where = getattr(platform, "name", None) or ", ".join(sorted(map(str, df["platform"].dropna().unique()))
+                                                         if "platform" in df.columns else [])
+    fig.suptitle(f"prefill timeline{' — ' + title if title else ''}" + (f" · platform {where}" if where else "")
+                 + f" · {df['chunk'].nunique() if 'chunk' in df.columns else '?'} chunks", fontsize=8)
     handles = [Patch(facecolor=KIND_STYLE[k][1], label=KIND_STYLE[k][0]) for k in kinds]
     if per_call and (spans["overhead_s"] > 0).any():
         handles.append(Patch(facecolor="white", edgecolor="0.1", hatch="////", label="NPU dispatch + sync"))

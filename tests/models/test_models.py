@@ -70,7 +70,8 @@ def test_fingerprint_is_stable_cached_and_sensitive():
         b.model.layers[1].mlp.experts.down_proj[3, 0, 0] += 1e-3
     assert model_fingerprint(b) == fa  # cached until refreshed
     assert model_fingerprint(b, refresh=True) != fa
-    assert model_fingerprint(tiny_model("mixtral", dtype=torch.bfloat16)) != fa
+    # the same weights in the dtype a run computes in: one fingerprint (a plan calibrated in fp32 runs in bf16)
+    assert model_fingerprint(tiny_model("mixtral", dtype=torch.bfloat16)) == fa
     assert model_fingerprint(tiny_model("mixtral", rms_norm_eps=1e-3)) != fa
 
 

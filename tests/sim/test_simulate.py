@@ -142,7 +142,8 @@ def test_int8_weights_halve_the_npu_weight_bytes():
     (["--geometry", "gpt-9"], "unknown geometry 'gpt-9': give one of"),
     (["--routing", "synthetic:gini=1.2"], r"outside \(0, 1\)"),
     (["--routing", "synthetic:gini=0.5,hot=3"], "parameter 'hot=3' is unknown"),
-    (["--chunk", "8192"], "context is 4096"),
+    (["--chunk", "8192", "--prompt-len", "8192"], "context is 4096"),
+    (["--chunk", "1024"], r"--chunk 1024 is larger than the prompt \(--prompt-len 512\)"),
     (["--platform", "cpu"], "is measured on this host"),
 ])
 def test_bad_input_one_clear_error_nothing_written(tmp_path, capsys, args, message):

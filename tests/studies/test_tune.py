@@ -62,7 +62,7 @@ def test_geometry_run_writes_front_and_plan(tmp_path):
     (dict(budget_drop=0.05, space={"tiers": []}), "non-empty list"),
     (dict(budget_drop=0.05, space={"tiers": [0]}), "tiers"),
     (dict(budget_drop=0.05, n_candidates=0), "n_candidates"),
-    (dict(budget_drop=0.05, prompt_len=200), "multiple of chunk"),
+    (dict(budget_drop=0.05, prompt_len=200), "--prompt-len 200 is not a multiple of --chunk 128"),
     (dict(budget_drop=0.05, platform="cpu"), "measured"),
 ])
 def test_bad_options_are_clear_errors(kwargs, msg):

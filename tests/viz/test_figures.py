@@ -50,8 +50,18 @@ def test_every_demo_figure_passes_the_audit(demo_out, monkeypatch):
     assert [r for r in records if r["problems"]] == []
 
 
-def _bad_figure(n_legend=0, tiny_axes=False, overlap=False, timed=False):
+def _bad_figure(n_legend=0, tiny_axes=False, overlap=False, timed=False, untitled=False, log_bars=False,
+                mixed_scales=False):
     fig = Figure(figsize=(4, 3))
+    if not untitled:
+        fig.suptitle("what and where")
+    if mixed_scales:       # one column, two panels of the same quantity, one log and one linear
+        top, bottom = fig.subplots(2, 1)
+        for ax in (top, bottom):
+            ax.plot([1, 100], [1, 2])
+            ax.set_xlabel("TTFT (ms)")
+        top.set_xscale("log")
+        return fig
     ax = fig.add_axes([0.4, 0.4, 0.2, 0.2] if tiny_axes else [0.1, 0.1, 0.8, 0.8])
     for i in range(n_legend):
         ax.plot([0, 1], [i, i], label=f"line {i}")
@@ -62,12 +72,42 @@ def _bad_figure(n_legend=0, tiny_axes=False, overlap=False, timed=False):
         ax.text(0.5, 0.5, "second label")
     if timed:
         ax.set_ylabel("TTFT (s)")
+    if log_bars:
+        ax.barh([0, 1], [0.01, 10])
+        ax.set_xscale("log")
     return fig
 
 
 @pytest.mark.parametrize("kind, problem", [
     (dict(tiny_axes=True), "axes cover"), (dict(n_legend=13), "13 entries"),
-    (dict(overlap=True), "overlaps"), (dict(timed=True), "without a source label")])
+    (dict(overlap=True), "overlaps"), (dict(timed=True), "without a source label"),
+    (dict(untitled=True), "has no title"), (dict(log_bars=True), "draws bars on a log axis"),
+    (dict(mixed_scales=True), "column 0 mixes x scales ['linear', 'log']")])
 def test_the_audit_catches_each_defect(kind, problem):
     assert any(problem in p for p in audit_figure(_bad_figure(**kind)))
     assert audit_figure(_bad_figure(n_legend=3)) == []
+
+
+def test_a_floating_range_bar_on_a_log_axis_and_a_titled_single_panel_pass():
+    fig = Figure(figsize=(4, 3))
+    ax = fig.add_axes([0.1, 0.1, 0.8, 0.8])
+    ax.barh([0, 1], [2.0, 3.0], left=[0.5, 1.0])          # a range from 0.5 to 2.5: meaningful on a log axis
+    ax.set_xscale("log")
+    from matplotlib.ticker import NullFormatter
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_title("tornado: one panel, its own title")
+    assert audit_figure(fig) == []
+
+
+def test_columns_get_one_scale_and_bars_turn_to_points_on_a_log_column():
+    """plot_baselines: a metric spanning > 30x over the facets is a log column in every facet, drawn as points."""
+    import pandas as pd
+    from npumoe_lab.viz.plots import plot_baselines
+    rows = [dict(model="m", workload="w", variant=v, platform=p, prompt_len=256, chunk=128, repeat=0,
+                 ttft_s=t * (1 if p == "m2-max" else 50), timing_source="modeled")
+            for p in ("m2-max", "m2-ultra") for v, t in (("cpu-only", 0.004), ("npumoe", 0.002))]
+    fig = plot_baselines(pd.DataFrame(rows))
+    axes = [a for a in fig.axes if a.get_visible()]
+    assert {a.get_xscale() for a in axes} == {"log"} and not any(a.containers for a in axes)
+    assert audit_figure(fig) == [] and "model m" in fig._suptitle.get_text() and "prompt 256" in fig._suptitle.get_text()
+    assert all(a.get_xlabel() == "TTFT (ms)" for a in axes)          # every TTFT below 1 s: milliseconds

@@ -136,7 +136,7 @@ def test_figures_command_draws_one_timeline_per_prefill_capped(tmp_path, capsys)
     write_rows([dict(model="tiny", workload="w", variant=v, platform="m2-max", prompt_len=256, chunk=128, repeat=0,
                      ttft_s=1e-3, timing_source="modeled", host="h") for v in variants], tmp_path / "run")
     assert cli.main(["figures", str(tmp_path / "run"), "--out", str(tmp_path / "figs")]) == 0
-    out = capsys.readouterr().out
+    err = capsys.readouterr().err                        # messages go to stderr, the paths to stdout
     made = sorted(p.name for p in (tmp_path / "figs").glob("timeline-*.png"))
-    assert len(made) == MAX_FIGURES == 4 and "skipped 1 more timeline(s)" in out
+    assert len(made) == MAX_FIGURES == 4 and "skipped 1 more timeline(s)" in err
     assert "timeline-tiny-npumoe-m2-max.png" in made     # the model named from the result rows

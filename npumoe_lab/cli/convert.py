@@ -1,0 +1,40 @@
+"""`npumoe-lab convert --plan P --target coreml --out DIR`: the static NPU graphs (Core ML or ONNX) of a plan."""
+from __future__ import annotations
+
+from pathlib import Path
+
+TARGETS = ("coreml", "onnx")       # = graphs.build.TARGETS (not imported: torch; tests/test_cli checks)
+
+
+def _convert(args) -> int:
+    from npumoe_lab.graphs.convert import convert      # lazy: torch and coremltools/onnx load only when run
+    manifest = convert(args.plan, args.out, target=args.target, model=args.model, platform=args.platform,
+                       layout=args.layout, compress=args.compress, compute_units=args.compute_units,
+                       all_tiers=args.all_tiers, attention=not args.no_attention, context=args.context,
+                       cache=args.cache)
+    hits = sum(g["cache_hit"] for g in manifest["graphs"])
+    print(f"{len(manifest['graphs'])} {args.target} graphs in {args.out} ({hits} from cache) in "
+          f"{manifest['seconds']:.2f} s; manifest: {Path(args.out) / 'manifest.json'}")
+    return 0
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser("convert", help="build static NPU graphs (Core ML / ONNX) for a plan",
+                              description="Build, validate and cache every static graph of a plan (resident expert "
+                                          "groups and per-layer attention), then write DIR/manifest.json.")
+    p.add_argument("--plan", required=True, help="plan JSON from `npumoe-lab plan`")
+    p.add_argument("--target", choices=TARGETS, default="coreml", help="graph format (default coreml)")
+    p.add_argument("--out", required=True, help="output directory (artifacts + manifest.json)")
+    p.add_argument("--model", default="tiny", help="'tiny' or a model directory (must match the plan)")
+    p.add_argument("--platform", default=None, help="platform profile for limits (default: the plan's)")
+    p.add_argument("--layout", choices=("conv", "bmm"), default="conv",
+                   help="Core ML expert layout (coreml only; default conv)")
+    p.add_argument("--compress", choices=("none", "int8", "lut4", "lut6", "lut8"), default="none",
+                   help="Core ML weight compression (coreml only)")
+    p.add_argument("--compute-units", choices=("CPU_AND_NE", "CPU_ONLY", "CPU_AND_GPU", "ALL"), default="CPU_AND_NE",
+                   help="stored in the Core ML package; load can override (coreml only)")
+    p.add_argument("--all-tiers", action="store_true", help="add the layer's smaller tiers as functions of each group")
+    p.add_argument("--no-attention", action="store_true", help="only the expert group graphs")
+    p.add_argument("--context", type=int, default=2048, help="KV cache length of the attention graphs")
+    p.add_argument("--cache", default=None, help="artifact cache dir (default $NPUMOE_GRAPH_CACHE or .graph-cache)")
+    p.set_defaults(func=_convert)

@@ -1,0 +1,44 @@
+"""`npumoe-lab demo` (and `python -m npumoe_lab.experiments.demo`, `make demo`): calibrate, plan, the demo sweep, every
+figure and SUMMARY.md in one folder."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.results.outdir import check_writable
+from npumoe_lab.utils import REPO_ROOT
+
+DEMO_SWEEP = REPO_ROOT / "sweeps" / "demo.yaml"      # = experiments.demo.DEMO_SWEEP
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="results/demo", help="output folder (default %(default)s)")
+    p.add_argument("--sweep", default=str(DEMO_SWEEP), help="the sweep YAML to run (default sweeps/demo.yaml)")
+    p.add_argument("--workers", type=int, default=1, help="sweep cells run at once (default 1)")
+
+
+def _demo(a) -> int:
+    from npumoe_lab.experiments.demo import run_demo    # lazy: torch, papermill, matplotlib load only when run
+    run_demo(a.out, a.sweep, a.workers)
+    return 0
+
+
+def register_cli(sub) -> None:
+    p = sub.add_parser("demo", help="the demo: calibrate, plan, sweep, figures and SUMMARY.md in one folder")
+    add_args(p)
+    p.set_defaults(func=_demo)
+
+
+def main(argv=None) -> int:
+    """`python -m npumoe_lab.experiments.demo`: the same options without the `npumoe-lab` front."""
+    ap = argparse.ArgumentParser(prog="python -m npumoe_lab.experiments.demo",
+                                 description="calibrate, plan, sweep, figures and SUMMARY.md in one folder")
+    add_args(ap)
+    a = ap.parse_args(argv)
+    try:
+        check_writable(a.out)
+        return _demo(a)
+    except NpuMoeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

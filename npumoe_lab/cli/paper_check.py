@@ -1,0 +1,51 @@
+"""`npumoe-lab paper-check`: the device model against every number of the paper's results it can predict."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from npumoe_lab.cli.output import save_png, writes
+
+
+def _paper_check(a) -> int:
+    # lazy: pandas, torch and matplotlib load only when the command runs (`--help` stays fast)
+    from npumoe_lab.results.store import write_rows
+    from npumoe_lab.sim.figures import paper_check_figure
+    from npumoe_lab.sim.papercheck import GRID, fitted_platforms, markdown, paper_check, side_by_side
+    from npumoe_lab.viz import figcheck
+    t0 = time.perf_counter()
+    fits = fitted_platforms(GRID["platforms"], a.fitted) if a.fitted else {}
+    table, sens, df = paper_check(a.routing, a.seed, not a.no_sensitivity)
+    out = Path(a.out)
+    text = markdown(table, sens, a.routing)
+    ftable = fdf = None
+    if fits:                   # the same check on the fitted platforms, side by side
+        ftable, _, fdf = paper_check(a.routing, a.seed, False, platform_map=fits)
+        text += side_by_side(table, ftable, fits)
+    print(text + f"\n{len(table)} quantities in {time.perf_counter() - t0:.0f} s", flush=True)   # before any write
+    with writes(out, "the table is printed above"):
+        write_rows(df, out / "grid")
+        if fits:
+            write_rows(fdf, out / "grid-fitted")
+            ftable.to_csv(out / "paper_check_fitted.csv", index=False)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "PAPERCHECK.md").write_text(text)
+        table.to_csv(out / "paper_check.csv", index=False)
+        fig = paper_check_figure(table)
+        figcheck.record("paper-check", fig)
+        save_png(fig, out / "paper_check.png")
+    print(f"written to {out} (PAPERCHECK.md, paper_check.csv, paper_check.png, grid/)")
+    return 0
+
+
+def register_cli(sub) -> None:
+    p = sub.add_parser("paper-check", help="the device model against every number of the paper's results it can "
+                                           "predict (table + figure), with the parameters each is sensitive to")
+    p.add_argument("--routing", default="synthetic:gini=0.6",
+                   help="routing source, as in `npumoe-lab simulate` (default synthetic:gini=0.6: the paper gives none)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampled routing (default 0)")
+    p.add_argument("--no-sensitivity", action="store_true", help="skip the per-quantity sensitivity runs")
+    p.add_argument("--fitted", default=None, help="a folder of fit-device outputs (<platform>-fit.yaml, e.g. "
+                                                  "data/fits): the check is rerun on them, side by side")
+    p.add_argument("--out", default="results/paper-check", help="folder (default results/paper-check)")
+    p.set_defaults(func=_paper_check)

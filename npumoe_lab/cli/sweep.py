@@ -1,0 +1,27 @@
+"""`npumoe-lab sweep`: a notebook run once per grid cell (papermill), resumably."""
+from __future__ import annotations
+
+EXECUTORS = ("local", "dask")      # = experiments.sweep.EXECUTORS (tests/test_cli checks)
+
+
+def _sweep(args) -> int:
+    from npumoe_lab.experiments.sweep import run_sweep     # lazy: papermill and the pool load only when run
+    report = run_sweep(args.sweep, args.out, workers=args.workers, executor=args.executor,
+                       scheduler=args.scheduler, warm=not args.fresh_kernels)
+    print(report.summary())
+    return 0 if report.ok else 1
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser("sweep", help="run a notebook over a parameter grid (papermill), resumably",
+                              description="Run SWEEP.yaml's notebook once per grid cell. Re-running skips "
+                                          "cells with DONE.json and retries failed ones.")
+    p.add_argument("sweep", help="sweep YAML (notebook, parameters, grid, optional include/name)")
+    p.add_argument("--out", required=True, help="results folder (created; reused to resume)")
+    p.add_argument("--workers", type=int, default=1, help="cells run at once (default 1)")
+    p.add_argument("--executor", choices=EXECUTORS, default="local",
+                   help="local process pool, or Dask distributed (a LocalCluster unless --scheduler)")
+    p.add_argument("--scheduler", default=None, help="address of a running Dask scheduler (tcp://host:8786)")
+    p.add_argument("--fresh-kernels", action="store_true",
+                   help="a new kernel per cell (default for local workers: one warm kernel each, reused)")
+    p.set_defaults(func=_sweep)

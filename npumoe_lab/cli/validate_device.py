@@ -1,0 +1,48 @@
+"""`npumoe-lab validate-device`: predict every measurement row of a platform's chip (validation.csv, VALIDATION.md,
+a predicted-vs-measured figure); with --runs, held-out measured runs re-priced by a host fit."""
+from __future__ import annotations
+
+
+def _register_device(sub) -> None:
+    p = sub.add_parser("validate-device", help="predict every measurement row of a platform's chip; write "
+                                               "validation.csv, VALIDATION.md and a predicted-vs-measured figure")
+    p.add_argument("--platform", required=True, help="platform name, YAML path (e.g. a fit), or spec with [overrides]")
+    p.add_argument("--measurements", default="data/measurements", help="measurement YAML or folder")
+    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=0, help="seed of the predictive-noise draws")
+    p.set_defaults(func=_validate_device)
+
+
+def _validate_device(a) -> int:
+    # lazy: pandas and matplotlib load only when the command runs (`--help` stays fast)
+    from pathlib import Path
+
+    from npumoe_lab.devices.validate import validate_device
+    _, text = validate_device(a.platform, a.measurements, Path(a.out), a.seed)
+    print(text + f"\nwritten to {a.out} (validation.csv, VALIDATION.md, validation.png)")
+    return 0
+
+
+def register_cli(sub):
+    """validate-device (devices/validate.py's parser) plus --runs: held-out measured runs re-priced by a host fit."""
+    _register_device(sub)
+    p = sub.choices["validate-device"]
+    p.add_argument("--runs", default=None, help="a folder of `run --platform cpu --timeline` results: re-price "
+                                                "every measured row's op stream with the fitted host model")
+    p.set_defaults(func=_cli)
+
+
+def _cli(a) -> int:
+    # lazy: pandas and the fitted models load only when the command runs (`--help` stays fast)
+    from npumoe_lab.devices.cpu_fit import is_host_fit, validate_host_rows
+    from npumoe_lab.experiments.validate_runs import report, validate_runs, write_validation
+    if a.runs is not None:
+        df = validate_runs(a.platform, a.runs)
+        path = write_validation(df, a.out, a.platform, a.runs)
+        print(report(df, a.platform, a.runs) + f"\nwritten {path} and runs_validation.csv")
+        return 0
+    if is_host_fit(a.platform):      # a fitted host model prices op-level host rows
+        _, text = validate_host_rows(a.platform, a.measurements, a.out)
+        print(text + f"\nwritten to {a.out} (validation.csv, VALIDATION.md)")
+        return 0
+    return _validate_device(a)
