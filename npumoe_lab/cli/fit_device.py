@@ -12,7 +12,7 @@ def register_cli(sub) -> None:
     p.add_argument("--out", required=True, help="folder for <platform>-fit.yaml")
     p.add_argument("--steps", type=int, default=8000, help="emcee steps per walker (the first third is burn-in)")
     p.add_argument("--walkers", type=int, default=0, help="emcee walkers (0: 4 x dimensions, at least 32)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the emcee walkers (default 0)")
     p.add_argument("--include-busy", action="store_true",
                    help="cpu platform: fit on rows flagged host_busy too (a busy host; the fit file says so)")
     p.set_defaults(func=_cli)
@@ -21,9 +21,7 @@ def register_cli(sub) -> None:
 def _cli(a) -> int:
     # lazy: numpy, emcee and the platform files load only when the command runs (`--help` stays fast)
     from pathlib import Path
-
     import numpy as np
-
     from npumoe_lab.devices.cpu_fit import fit_cli
     from npumoe_lab.devices.fit import fit_platform, write_fit
     from npumoe_lab.devices.measurements import load_measurements

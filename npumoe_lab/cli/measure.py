@@ -9,7 +9,7 @@ def register_cli(sub):
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per op (median and IQR kept; >= 3)")
     p.add_argument("--quick", action="store_true", help="a smaller grid (tests, a first look)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs (default 0)")
     p.add_argument("--out", required=True, help="folder for measurements.yaml")
     p.set_defaults(func=_cli)
 

@@ -8,7 +8,7 @@ def _register_device(sub) -> None:
                                                "validation.csv, VALIDATION.md and a predicted-vs-measured figure")
     p.add_argument("--platform", required=True, help="platform name, YAML path (e.g. a fit), or spec with [overrides]")
     p.add_argument("--measurements", default="data/measurements", help="measurement YAML or folder")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="folder for validation.csv, VALIDATION.md, validation.png")
     p.add_argument("--seed", type=int, default=0, help="seed of the predictive-noise draws")
     p.set_defaults(func=_validate_device)
 
@@ -16,7 +16,6 @@ def _register_device(sub) -> None:
 def _validate_device(a) -> int:
     # lazy: pandas and matplotlib load only when the command runs (`--help` stays fast)
     from pathlib import Path
-
     from npumoe_lab.devices.validate import validate_device
     _, text = validate_device(a.platform, a.measurements, Path(a.out), a.seed)
     print(text + f"\nwritten to {a.out} (validation.csv, VALIDATION.md, validation.png)")

@@ -55,7 +55,7 @@ def test_every_file_readme_names_exists():
     names = set(re.findall(r"(?<![\w/<.-])((?:[\w.-]+/)+[\w.-]+\.(?:yaml|yml|py|ipynb|md|json|txt|csv|parquet))",
                            README))
     for line in COMMANDS:                                  # and every file argument of the commands
-        names |= {t for t in shlex.split(line) if re.search(r"\.(ya?ml|py|ipynb)$", t)}
+        names |= {f for t in shlex.split(line) for f in t.split(",") if re.search(r"\.(ya?ml|py|ipynb)$", f)}
     missing = sorted(n for n in names if not n.startswith(PRODUCED) and not (REPO_ROOT / n).exists())
     assert not missing, f"README names files that are not in the repository: {missing}"
 
