@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "graphs.convert": ["convert"],
     "tune": ["tune"],
     "adaptive": ["drift"],
+    "studies_staging.accuracy_curve": ["accuracy"],
 }
 
 
@@ -45,6 +46,7 @@ SUMMARIES = {
     "paper-check": "the device model against every number of the paper's results it can predict",
     "tune": "search plan knobs for a drop-rate or TTFT budget (Pareto front)",
     "drift": "calibrate on one domain, run another: the drift monitor and recalibration",
+    "accuracy": "accuracy change (exact bounds) vs measured drop rate of plans, with their modeled TTFT",
 }
 
 
