@@ -1,4 +1,4 @@
-"""Expert GEMM forms on this CPU, side by side: why npumoe_lab/cpu_ffn.py pre-packs expert weights for oneDNN.
+"""Expert GEMM forms on this CPU, side by side: why npumoe_lab/core/cpu_ffn.py pre-packs expert weights for oneDNN.
 
 G experts' gate_up matrices (H=2048 -> 2I=1536, Qwen3-30B-A3B), M rows each; weights of all G experts
 (G x 6 MB in bf16) exceed the caches, so every expert's weights stream from DRAM as in a real layer.
@@ -7,7 +7,7 @@ G experts' gate_up matrices (H=2048 -> 2I=1536, Qwen3-30B-A3B), M rows each; wei
   linear        F.linear per expert (HF eager's op)
   onednn_packed per expert on weights packed once by torch.ops.mkldnn._reorder_linear_weight (cpu_ffn.py)
 Prints achieved GFLOP/s (median of --repeats). A second table times a whole expert FFN (gate_up, SwiGLU, down) for
-a group of 16 experts by expert size: the engine's bmm path vs npumoe_lab.cpu_ffn.PackedExperts, which sets the size
+a group of 16 experts by expert size: the engine's bmm path vs npumoe_lab.core.cpu_ffn.PackedExperts, which sets the size
 where `cpu_kernel="auto"` starts packing (cpu_ffn.MIN_PACKED_ELEMS).
     .venv/bin/python bench/gemm_forms.py --threads 2
 """
@@ -69,10 +69,10 @@ def ffn_by_size(repeats, dtypes):
     from transformers import AutoConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
-    from npumoe_lab.cpu_ffn import MIN_PACKED_ELEMS, PackedExperts
-    from npumoe_lab.engine import _bmm_weights
+    from npumoe_lab.core.cpu_ffn import MIN_PACKED_ELEMS, PackedExperts
+    from npumoe_lab.execution.engine import _bmm_weights
     from npumoe_lab.models.weights import expert_weights
-    from npumoe_lab.packing import Workspace, group_ffn_into
+    from npumoe_lab.core.packing import Workspace, group_ffn_into
     G = 16
     print(f"\n| dtype | H x I | rows/expert | bmm per group ms | packed per expert ms | bmm / packed | auto packs? |"
           f"\n|{'---|' * 7}")

@@ -55,7 +55,7 @@ class GraphedGroups:
     warm-up on a side stream (cuBLAS handles/workspaces), then capture on it."""
 
     def __init__(self, layout, group_weights, H, dtype, device, capture=True):
-        from npumoe_lab.packing import Workspace, group_ffn_into
+        from npumoe_lab.core.packing import Workspace, group_ffn_into
         self.packed = torch.zeros(layout.total_rows, H, dtype=dtype, device=device)
         self.out = torch.zeros_like(self.packed)
         self.work = Workspace()
@@ -90,10 +90,10 @@ class GraphedGroups:
 
 
 def run(args) -> str:
-    from npumoe_lab.engine import PlanExecutor
-    from npumoe_lab.experts import LayerHandle
-    from npumoe_lab.packing import pack, plan_dispatch, scatter
-    from npumoe_lab.saliency import saliency_scores
+    from npumoe_lab.execution.engine import PlanExecutor
+    from npumoe_lab.execution.experts import LayerHandle
+    from npumoe_lab.core.packing import pack, plan_dispatch, scatter
+    from npumoe_lab.core.saliency import saliency_scores
     dev, dtype = torch.device("cuda" if not args.dry_run else "cpu"), torch.bfloat16
     geom = GEOMETRIES[args.geometry]
     E, K, H, I = geom["E"], geom["K"], geom["H"], geom["I"]

@@ -42,9 +42,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from npumoe_lab.clock import NullClock  # noqa: E402  (after the path insert: bench runs from a checkout)
-from npumoe_lab.layout import ExecutionLayout  # noqa: E402
-from npumoe_lab.ops import ChunkContext, chunk_scope  # noqa: E402
+from npumoe_lab.execution.clock import NullClock  # noqa: E402  (after the path insert: bench runs from a checkout)
+from npumoe_lab.planning.layout import ExecutionLayout  # noqa: E402
+from npumoe_lab.execution.ops import ChunkContext, chunk_scope  # noqa: E402
 from npumoe_lab.sim.routing import sample_routing, stretch  # noqa: E402  (the simulation's routing sampler)
 
 GEOMETRIES = {  # expert geometry of the real models (E experts, top-K, hidden H, expert intermediate I)
@@ -88,7 +88,7 @@ def measure_peaks(dtype, repeats: int = 5) -> tuple[float, float]:
     bt, Bt = b.t().contiguous().t(), b.t().contiguous().t().expand(2, 2048, 3072)
     forms = {"mm": lambda: a @ b, "mm_tB": lambda: a @ bt, "bmm": lambda: torch.bmm(A, B),
              "bmm_tB": lambda: torch.bmm(A, Bt)}
-    from npumoe_lab.cpu_ffn import onednn_packs
+    from npumoe_lab.core.cpu_ffn import onednn_packs
     if onednn_packs(dtype):      # the form the static path uses: weights pre-packed once for oneDNN
         wp = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), 2048)
         forms["onednn_packed"] = lambda: torch.ops.mkldnn._linear_pointwise(a, wp, None, "none", [], "")
@@ -104,7 +104,7 @@ def load_shares(E: int, layer: int = 1, chunk: int = 256, tokens: int = 4096) ->
     from npumoe_lab.models.loading import TINY_MODEL_DIR
     if (TINY_MODEL_DIR / "config.json").is_file():
         try:
-            from npumoe_lab.calibration import calibrate
+            from npumoe_lab.execution.calibrate import calibrate
             from npumoe_lab.models import load_model
             model, tok = load_model("tiny")
             prof = calibrate(model, tok, "mixed", chunk=chunk, tokens=tokens)
@@ -142,8 +142,8 @@ def build_plan(per_chunk_counts, chunk, K, E, H, I, rule="optimal", percentile=N
     percentile=None: the lowest of PERCENTILES whose tiers, fitted on half of the calibration chunks, drop at most
     drop_budget on the other half (held out, so the choice is not fooled by sampling noise); the final tiers are
     fitted on all chunks. Padding costs compute on every chunk, so the planner trades a little accuracy for it."""
-    from npumoe_lab.grouping import make_groups
-    from npumoe_lab.tiers import assign_tiers, expected_drop_rate
+    from npumoe_lab.planning.grouping import make_groups
+    from npumoe_lab.planning.tiers import assign_tiers, expected_drop_rate
     counts = np.asarray(per_chunk_counts)
     fit, held = (counts[:, ::2], counts[:, 1::2]) if counts.shape[1] >= 4 else (counts, counts)
     pct = percentile
@@ -160,7 +160,7 @@ def build_plan_group_caps(per_chunk_counts, chunk, K, H, I, group=16, drop_budge
     """Not a 3-tier plan (the comparison that shows what tiering costs): experts sorted by need, cut into groups
     of `group`, each group its own capacity = its largest need (aligned). On an NPU every group is its own graph
     anyway, so per-group capacities add no graphs; they only cut padding. Percentile chosen as in build_plan."""
-    from npumoe_lab.tiers import align_up, expected_drop_rate, percentile_need
+    from npumoe_lab.planning.tiers import align_up, expected_drop_rate, percentile_need
     counts = np.asarray(per_chunk_counts)
     fit, held = (counts[:, ::2], counts[:, 1::2]) if counts.shape[1] >= 4 else (counts, counts)
 
@@ -226,9 +226,9 @@ def timed_by(executor, clock, handle, T):
 
 # -- the layer benchmark ------------------------------------------------------------------------------------
 def bench_layer(gname, dtype_name, chunks, args, shares, peaks) -> list[dict]:
-    from npumoe_lab.engine import PlanExecutor
-    from npumoe_lab.experts import LayerHandle
-    from npumoe_lab.packing import Workspace, dropless_experts, group_ffn_into, pack, plan_dispatch
+    from npumoe_lab.execution.engine import PlanExecutor
+    from npumoe_lab.execution.experts import LayerHandle
+    from npumoe_lab.core.packing import Workspace, dropless_experts, group_ffn_into, pack, plan_dispatch
     geom, dtype = GEOMETRIES[gname], DTYPES[dtype_name]
     E, K, H, I = geom["E"], geom["K"], geom["H"], geom["I"]
     experts = hf_experts(geom, dtype)
@@ -412,7 +412,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    from npumoe_lab.cpu_features import dtype_name, fast_dtype
+    from npumoe_lab.core.cpu_features import dtype_name, fast_dtype
     args.dtypes = ",".join(dtype_name(fast_dtype()) if d == "auto" else d for d in args.dtypes.split(","))
     only = {"layer", "calib", "prefill", "policy"} if args.only == "all" else set(args.only.split(","))
     import policy
@@ -458,7 +458,7 @@ def main(argv=None):
     if args.out:
         Path(args.out).write_text(text + "\n")
     if args.json:
-        from npumoe_lab.cpu_features import row_fields
+        from npumoe_lab.core.cpu_features import row_fields
         Path(args.json).write_text(json.dumps(dict(provenance=provenance(args.threads), cpu=cpu,
                                                    **row_fields(DTYPES[args.dtypes.split(",")[0]]), checks=checks),
                                               indent=1) + "\n")

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from moe_layer import GEOMETRIES, hf_experts, med_iqr, time_interleaved
-from npumoe_lab import cpu_features  # noqa: E402  (moe_layer put the checkout on sys.path)
+from npumoe_lab.core import cpu_features  # noqa: E402  (moe_layer put the checkout on sys.path)
 
 NO_FP16 = "avx2,fma"            # flags under which numerics.py emulates fp16 (no native fp16 GEMM)
 WITH_FP16 = "avx2,fma,avx512_fp16"   # flags under which torch's native fp16 GEMMs run
@@ -84,7 +84,7 @@ def _small_model(dtype):
 
 def attach_cost(model, plans, repeats: int = 3, checks: list | None = None) -> str:
     import npumoe_lab as nl
-    from npumoe_lab.weight_cache import forget
+    from npumoe_lab.core.weight_cache import forget
     from npumoe_lab.models import find_moe_blocks
     firsts, seconds = [], []
     for _ in range(repeats):
@@ -200,9 +200,9 @@ def _reference_group(experts, G: int, x: torch.Tensor) -> np.ndarray:
 @torch.no_grad()
 def fp16_groups(dtype, repeats: int = 3, G: int = 8, C: int = 64, geometry: str = "qwen3-30b-a3b",
                 tiny: bool = True, checks: list | None = None) -> str:
-    from npumoe_lab.engine import _run_group
+    from npumoe_lab.execution.engine import _run_group
     from npumoe_lab.models.weights import expert_weights
-    from npumoe_lab.numerics import EmulatedFp16Weights, npu_layer_weights, select
+    from npumoe_lab.core.numerics import EmulatedFp16Weights, npu_layer_weights, select
     experts = hf_experts(GEOMETRIES[geometry], dtype)
     w = expert_weights(experts)
     with cpu_flags(NO_FP16):
@@ -239,10 +239,10 @@ def dtype_str(dtype):
 def _modeled_tiny(repeats: int, checks: list | None = None) -> str:
     """A modeled run (m2-max) of the bundled tiny model with the npumoe plan: its fp16 groups emulated vs native."""
     import npumoe_lab as nl
-    from npumoe_lab.engine import PlanExecutor
-    from npumoe_lab.experts import set_executor
+    from npumoe_lab.execution.engine import PlanExecutor
+    from npumoe_lab.execution.experts import set_executor
     from npumoe_lab.models.loading import TINY_MODEL_DIR
-    from npumoe_lab.plan import variant_plan
+    from npumoe_lab.planning.plan import variant_plan
     if not (TINY_MODEL_DIR / "model.safetensors").is_file():
         return "Modeled tiny-model prefill: skipped (no data/models/npumoe-tiny)."
     model, tok = nl.load_model("tiny")

@@ -1,7 +1,7 @@
 """Model-level parts of bench/moe_layer.py (`--only calib,prefill`).
 
 calibration_overhead: a forward of the tiny model under calibration's RoutingRecorder + per-chunk accumulation
-  (what `npumoe_lab.calibration.calibrate` does per chunk) vs the same plain forward, chunk by chunk with the KV
+  (what `npumoe_lab.execution.calibrate.calibrate` does per chunk) vs the same plain forward, chunk by chunk with the KV
   cache carried. The bundled `data/models/npumoe-tiny` when present, else the same architecture at random init.
 prefill_tokens_per_s: a 4-layer model at Qwen3-30B-A3B geometry (random weights, bf16), one forward per prompt,
   HF eager / grouped_mm vs the workbench: `attach(model, plan)` with a 3-tier plan calibrated on other prompts or
@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from moe_layer import build_plan, med_iqr, time_interleaved
-from npumoe_lab.clock import NullClock  # noqa: E402  (moe_layer put the checkout on sys.path)
-from npumoe_lab.ops import ChunkContext, chunk_scope  # noqa: E402
+from npumoe_lab.execution.clock import NullClock  # noqa: E402  (moe_layer put the checkout on sys.path)
+from npumoe_lab.execution.ops import ChunkContext, chunk_scope  # noqa: E402
 
 
 def _tiny_model():
@@ -39,9 +39,9 @@ def _tiny_model():
 
 @torch.no_grad()
 def calibration_overhead(repeats: int, chunk: int = 512, n_chunks: int = 4) -> str:
-    from npumoe_lab.calibration import _Accumulator, kv_cache_kwarg
+    from npumoe_lab.execution.calibrate import _Accumulator, kv_cache_kwarg
     from npumoe_lab.models import describe
-    from npumoe_lab.routing import RoutingRecorder
+    from npumoe_lab.execution.routing import RoutingRecorder
     model, what = _tiny_model()
     vocab = model.config.vocab_size
     ids = torch.randint(3, vocab, (1, chunk * n_chunks), generator=torch.Generator().manual_seed(0))
@@ -90,7 +90,7 @@ def _plan_for(model, prompts, args, percentile=None):
     """(a 3-tier plan per MoE layer from the routing of `prompts` ([1, T] ids, all of length T), static slots per
     routed assignment)."""
     from npumoe_lab.models import describe
-    from npumoe_lab.routing import capture_routing
+    from npumoe_lab.execution.routing import capture_routing
     specs = {s.layer: s for s in describe(model)}
     counts = {layer: [] for layer in specs}
     model.set_experts_implementation("grouped_mm")      # routing is the same whichever runs the experts
@@ -145,7 +145,7 @@ def prefill_tokens_per_s(args) -> str:
 
     import npumoe_lab as nl
     from moe_layer import measure_peaks
-    from npumoe_lab.experts import dropless_executor, set_executor
+    from npumoe_lab.execution.experts import dropless_executor, set_executor
     ALL_EXPERTS_FUNCTIONS.register("bench_skip_experts", _skip_experts)
     from moe_layer import DTYPES
     dtype = DTYPES[args.dtypes.split(",")[0]]          # the run's dtype (by default this CPU's fast dtype)

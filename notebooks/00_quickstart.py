@@ -40,7 +40,7 @@ import torch
 
 import npumoe_lab as nl
 from npumoe_lab.experiments import notebook_helpers as nb
-from npumoe_lab.plots import plot_baselines, plot_popularity_heatmap
+from npumoe_lab.viz.plots import plot_baselines, plot_popularity_heatmap
 
 torch.manual_seed(seed)
 m, tok = nb.load(model)

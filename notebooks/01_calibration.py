@@ -36,7 +36,7 @@ from pathlib import Path
 import pandas as pd
 
 from npumoe_lab.experiments import notebook_helpers as nb
-from npumoe_lab.plots import plot_popularity_heatmaps
+from npumoe_lab.viz.plots import plot_popularity_heatmaps
 
 m, tok = nb.load(model)
 profiles = nb.calibrate_workloads(m, tok, sources, chunk=chunk, tokens=calib_tokens, seed=seed)

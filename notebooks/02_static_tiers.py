@@ -41,7 +41,7 @@ out_dir = None
 # %%
 # %matplotlib inline
 from npumoe_lab.experiments import notebook_helpers as nb
-from npumoe_lab.plots import plot_accuracy, plot_tiers
+from npumoe_lab.viz.plots import plot_accuracy, plot_tiers
 
 df = nb.knob_sweep(globals(), "tiers", tier_values)
 nb.maybe_write(df, out_dir)

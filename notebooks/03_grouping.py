@@ -38,7 +38,7 @@ out_dir = None
 # %%
 # %matplotlib inline
 from npumoe_lab.experiments import notebook_helpers as nb
-from npumoe_lab.plots import plot_grouping
+from npumoe_lab.viz.plots import plot_grouping
 
 df = nb.knob_sweep(globals(), "group_size", group_sizes)
 nb.maybe_write(df, out_dir)

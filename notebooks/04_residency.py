@@ -39,7 +39,7 @@ out_dir = None
 # %%
 # %matplotlib inline
 from npumoe_lab.experiments import notebook_helpers as nb
-from npumoe_lab.plots import plot_residency
+from npumoe_lab.viz.plots import plot_residency
 
 df = nb.knob_sweep(globals(), "hot_threshold", hot_thresholds)
 nb.maybe_write(df, out_dir)

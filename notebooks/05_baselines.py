@@ -42,8 +42,8 @@ out_dir = None
 # %matplotlib inline
 from npumoe_lab.experiments import notebook_helpers as nb
 from npumoe_lab.experiments.runner import ablation_report, median_table, run_experiment
-from npumoe_lab.plots import plot_ablation, plot_baselines
-from npumoe_lab.variants import ABLATION
+from npumoe_lab.viz.plots import plot_ablation, plot_baselines
+from npumoe_lab.planning.variants import ABLATION
 
 m = nb.load(model, dtype)
 df = run_experiment(model=m, model_name=nb.model_label(model), workload=workload,

@@ -40,7 +40,7 @@ out_dir = None
 # %%
 # %matplotlib inline
 from npumoe_lab.experiments import notebook_helpers as nb
-from npumoe_lab.plots import plot_accuracy
+from npumoe_lab.viz.plots import plot_accuracy
 
 df = nb.knob_sweep(globals(), "percentile", percentiles)
 nb.maybe_write(df, out_dir)

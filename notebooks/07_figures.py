@@ -28,7 +28,7 @@ from pathlib import Path
 
 from IPython.display import Image, display
 
-from npumoe_lab.plots import make_all_figures
+from npumoe_lab.viz.plots import make_all_figures
 
 figures_dir = Path(out_dir) if out_dir is not None else Path(results_dir) / "figures"
 paths = make_all_figures(results_dir, figures_dir)

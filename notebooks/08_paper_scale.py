@@ -36,7 +36,7 @@ out_dir = None
 from IPython.display import Markdown
 
 import npumoe_lab as nl
-from npumoe_lab.plots import plot_ablation, plot_baselines
+from npumoe_lab.viz.plots import plot_ablation, plot_baselines
 from npumoe_lab.sim.report import paper_scale_markdown
 
 df = nl.simulate(geometries, routing, platforms, "all", prompt_len, chunk, seed=seed, out=out_dir)

@@ -16,11 +16,11 @@
 #
 # The paper's plans come from offline calibration; when live routing drifts from it, capacities and the hot/cold
 # split degrade (PAPER.md section 6). Here a plan calibrated on one domain prefills held-out text of another with a
-# **drift monitor** (`npumoe_lab.drift`): per chunk and MoE layer, the Jensen-Shannon distance of the load to the
+# **drift monitor** (`npumoe_lab.execution.drift`): per chunk and MoE layer, the Jensen-Shannon distance of the load to the
 # calibrated popularity, the hot-set overlap, and drop/padding against the plan's expectation. With
 # `recalibrate="rebuild"` the plan is rebuilt from the live window when drift persists. Drop rates are
 # **measured** (real numerics on this CPU); TTFT and energy are **modeled** on the platform. Then
-# `npumoe_lab.tune` searches the plan knobs for two budgets and draws each Pareto front.
+# `npumoe_lab.studies.tune` searches the plan knobs for two budgets and draws each Pareto front.
 
 # %% tags=["parameters"]
 model = "tiny"                      # the bundled model (or a local HF MoE checkpoint folder)
@@ -41,9 +41,9 @@ from pathlib import Path
 import pandas as pd
 
 import npumoe_lab as nl
-from npumoe_lab.adaptive import drift_run
-from npumoe_lab.plots_adaptive import drift_figure, fronts_figure
-from npumoe_lab.tune import tune
+from npumoe_lab.studies.adaptive import drift_run
+from npumoe_lab.viz.adaptive import drift_figure, fronts_figure
+from npumoe_lab.studies.tune import tune
 
 m, tok = nl.load_model(model)
 report = drift_run(m, tok, calib_domain, run_domain, prompt_len=prompt_len, chunk=chunk, calib_tokens=calib_tokens,

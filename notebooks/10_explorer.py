@@ -42,7 +42,7 @@ import pandas as pd
 
 import npumoe_lab as nl
 from npumoe_lab.experiments.notebook_helpers import maybe_write
-from npumoe_lab.explorer import Knobs, evaluation_rows, summary_rows
+from npumoe_lab.viz.explorer import Knobs, evaluation_rows, summary_rows
 
 app = nl.explore(model, knobs=Knobs(chunk=chunk, residency=residency), prompt_len=prompt_len, chunk=chunk,
                  workload=workload, calib_workload=calib_workload, calib_tokens=calib_tokens,

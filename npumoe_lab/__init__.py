@@ -21,19 +21,19 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "load_model": "models", "describe": "models", "model_fingerprint": "models",
-    "attach": "experts", "detach": "experts",
-    "capture_routing": "routing",
-    "calibrate": "calibration", "CalibrationProfile": "calibration",
-    "build_plan": "plan", "Plan": "plan",
-    "chunked_prefill": "runtime",
+    "attach": "execution.experts", "detach": "execution.experts",
+    "capture_routing": "execution.routing",
+    "calibrate": "execution.calibrate", "CalibrationProfile": "planning.profile",
+    "build_plan": "planning.plan", "Plan": "planning.plan",
+    "chunked_prefill": "execution.runtime",
     "get_platform": "devices", "list_platforms": "devices",
     "get_workload": "workloads", "list_workloads": "workloads",
     "run_experiment": "experiments.runner",
     "simulate": "sim.run", "load_geometry": "sim.geometries",
-    "explore": "explorer",
-    "load_results": "experiments.store",
+    "explore": "viz.explorer",
+    "load_results": "results.store",
     "NpuMoeError": "errors",
-    "VARIANTS": "variants",
+    "VARIANTS": "planning.variants",
 }
 
 

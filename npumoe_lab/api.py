@@ -1,7 +1,7 @@
 """Convenience entry points that combine the parts (kept tiny; the logic lives in the parts)."""
 from __future__ import annotations
 
-from .runtime import PrefillConfig, PrefillResult, run_prefill
+from npumoe_lab.execution.runtime import PrefillConfig, PrefillResult, run_prefill
 
 
 def prefill(model, input_ids, chunk: int = 256, platform="cpu", attention: str = "npu",

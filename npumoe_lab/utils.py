@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from .errors import NpuMoeError
+from npumoe_lab.errors import NpuMoeError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = REPO_ROOT / "data"
@@ -126,3 +126,10 @@ def host_description() -> str:
 def provenance() -> dict:
     return {"git_commit": git_commit(), "versions": json.dumps(library_versions(), sort_keys=True),
             "host": host_description()}
+
+
+def cache_dir() -> Path:
+    """The workbench's cache (calibration profiles, host profiles, graphs): $NPUMOE_CACHE_DIR, else the older name
+    $NPUMOE_CACHE, else ~/.cache/npumoe-lab. One definition: the two caches used to read different variables."""
+    return Path(os.environ.get("NPUMOE_CACHE_DIR") or os.environ.get("NPUMOE_CACHE")
+                or Path.home() / ".cache" / "npumoe-lab")

@@ -22,7 +22,7 @@ def _threads():
 
 @torch.no_grad()
 def test_layer_bench_smoke_every_variant_matches_hf():
-    from npumoe_lab.cpu_ffn import onednn_packs
+    from npumoe_lab.core.cpu_ffn import onednn_packs
     kernel = "onednn" if onednn_packs(torch.float32) else "torch"    # the packed path, as at the real geometries
     args = moe_layer.parse_args(["--geometry", "smoke", "--dtypes", "fp32", "--chunks", "64", "--repeats", "1",
                                  "--calib-chunks", "4", "--threads", "1", "--cpu-kernel", kernel])

@@ -1,5 +1,7 @@
-"""Package structure (issue 13): no import cycle between the parts of npumoe_lab, and no package-internal import
-hidden inside a function unless a comment says why (a heavy optional dependency, a command's lazy load); one comment may head a block of such imports.
+"""Package structure: the parts of npumoe_lab form layers (LAYERS, lowest first) and every import, at module level or
+lazy inside a function, goes from a part to a part strictly below it, so there is no cycle between parts; no
+package-internal import hides inside a function unless a comment says why (a heavy optional dependency, a command's
+lazy load; one comment may head a block of such imports); the top level holds only the public API, errors and utils.
 
 The reference is the source itself, read with `ast`: every `import`/`from ... import` of an npumoe_lab module, at
 module level (the dependency graph) or inside a function (must carry a `#` comment on its line or the line above)."""
@@ -59,14 +61,39 @@ def part(module: str) -> str:
     return ".".join(parts[:2]) if len(parts) > 1 else module
 
 
+# lowest first; a part may import only parts listed before it (docs/DESIGN.md draws the same order)
+LAYERS = ["errors", "utils", "models", "devices", "results", "workloads", "train", "core", "planning", "graphs",
+          "backends", "execution", "sim", "viz", "experiments", "studies", "cli", "api", "__main__"]
+TOP_LEVEL = {"__init__", "__main__", "api", "errors", "utils"}
+
+
+def _edges():
+    """(part, imported part, where) for every import between different parts, lazy imports included."""
+    for mod, target, line, top_level, _ in _imports():
+        a, b = part(mod), part(target)
+        if a != b and b != "npumoe_lab":
+            yield a, b, f"{mod}:{line}" + ("" if top_level else " (inside a function)")
+
+
 def test_no_import_cycle_between_parts():
     g = nx.DiGraph()
-    for mod, target, _, top_level, _ in _imports():
-        a, b = part(mod), part(target)
-        if top_level and a != b and b != "npumoe_lab":
-            g.add_edge(a, b)
+    for a, b, _ in _edges():
+        g.add_edge(a, b)
     cycles = list(nx.simple_cycles(g))
     assert not cycles, "import cycles between parts of npumoe_lab:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_every_part_has_a_layer_and_imports_only_below_it():
+    rank = {f"npumoe_lab.{name}": i for i, name in enumerate(LAYERS)}
+    parts = {part(_module(p)) for p in ROOT.rglob("*.py")} - {"npumoe_lab"}
+    assert not parts - set(rank), f"parts without a layer (add them to LAYERS): {sorted(parts - set(rank))}"
+    upward = [f"{where}: {a} imports {b}" for a, b, where in _edges() if rank[b] >= rank[a]]
+    assert not upward, "imports from a lower layer to a higher one:\n" + "\n".join(upward)
+
+
+def test_top_level_is_the_public_api_errors_and_utils():
+    top = {p.stem for p in ROOT.glob("*.py")}
+    assert top <= TOP_LEVEL, f"modules at the top level of npumoe_lab that belong in a package: {sorted(top - TOP_LEVEL)}"
 
 
 def test_internal_imports_inside_functions_say_why():
@@ -76,6 +103,6 @@ def test_internal_imports_inside_functions_say_why():
 
 
 @pytest.mark.parametrize("case,expected", [("a.b", "a.b"), ("npumoe_lab.devices.cost", "npumoe_lab.devices"),
-                                           ("npumoe_lab.plan", "npumoe_lab.plan")])
+                                           ("npumoe_lab.utils", "npumoe_lab.utils")])
 def test_part_names(case, expected):
     assert part(case) == expected

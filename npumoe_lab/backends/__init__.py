@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from ..errors import NpuMoeError
-from ..graphs.coreml import CoreMLOptions, build_group_package, group_function_name
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.graphs.coreml import CoreMLOptions, build_group_package, group_function_name
 
 NPU_BACKENDS = ("torch", "onnxruntime", "coreml")
 
@@ -22,7 +22,7 @@ class OnnxBackend:
     name = "onnxruntime"
 
     def __init__(self, threads: int = 2):
-        from .onnxruntime import OnnxRuntimeDevice  # lazy: onnxruntime is an optional, heavy dependency
+        from npumoe_lab.backends.onnxruntime import OnnxRuntimeDevice  # lazy: onnxruntime is an optional, heavy dependency
         self.device = OnnxRuntimeDevice(threads=threads)
 
     def compile(self, layer, group_id, capacity, weights):
@@ -36,7 +36,7 @@ class CoreMLBackend:
     name = "coreml"
 
     def __init__(self, compute_units: str = "CPU_AND_NE", out_dir=None, layout: str = "conv"):
-        from .coreml import CoreMLDevice  # lazy: only on a Mac (coremltools' runtime)
+        from npumoe_lab.backends.coreml import CoreMLDevice  # lazy: only on a Mac (coremltools' runtime)
         self.device = CoreMLDevice(compute_units)      # raises a clear NpuMoeError off macOS
         self.options = CoreMLOptions(layout=layout)
         self.out_dir = Path(out_dir or tempfile.mkdtemp(prefix="npumoe-coreml-"))

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import NpuMoeError
-from ..graphs.coreml import COMPUTE_UNITS, require_coremltools
-from ..graphs.modules import from_layout, to_layout
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.graphs.coreml import COMPUTE_UNITS, require_coremltools
+from npumoe_lab.graphs.modules import from_layout, to_layout
 
 TIMING_SOURCE = "measured"
 

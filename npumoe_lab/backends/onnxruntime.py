@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import NpuMoeError
-from ..graphs.cache import GraphCache, artifact_key, weights_digest
-from ..graphs.onnx import export_group
-from ..graphs.spec import GroupGraphSpec, canonical
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.graphs.cache import GraphCache, artifact_key, weights_digest
+from npumoe_lab.graphs.onnx import export_group
+from npumoe_lab.graphs.spec import GroupGraphSpec, canonical
 
 TIMING_SOURCE = "measured"
 

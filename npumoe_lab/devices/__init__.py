@@ -4,9 +4,9 @@ Numerics always run for real on this host. A platform gives time: `measured` on 
 times real calls), `modeled` elsewhere (Apple M2/M3/M4: cost.py OpCosts through platform.py DeviceModels whose
 parameters are sourced in platforms/*.yaml). Every number carries which it is.
 """
-from .cost import OpCost, attention_cost, dense_cost, expert_ffn_cost, memory_cost
-from .measured import Measurement, Stopwatch, measure, rapl_available
-from .platform import DeviceModel, Platform, format_platforms, get_platform, list_platforms
+from npumoe_lab.devices.cost import OpCost, attention_cost, dense_cost, expert_ffn_cost, memory_cost
+from npumoe_lab.devices.measured import Measurement, Stopwatch, measure, rapl_available
+from npumoe_lab.devices.platform import DeviceModel, Platform, format_platforms, get_platform, list_platforms
 
 __all__ = ["OpCost", "expert_ffn_cost", "attention_cost", "dense_cost", "memory_cost", "DeviceModel", "Platform",
            "get_platform", "list_platforms", "format_platforms", "Measurement", "Stopwatch", "measure",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import NpuMoeError
+from npumoe_lab.errors import NpuMoeError
 
 
 def _check_count(what: str, value, minimum: int = 1) -> int:

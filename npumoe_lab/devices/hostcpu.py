@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import platform as _platform
 
-from .hostprofile import load_host_profile
-from .platform import format_platforms
+from npumoe_lab.devices.hostprofile import load_host_profile
+from npumoe_lab.devices.platform import format_platforms
 
 # the flags that decide which dtype and kernels are fast here
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import NpuMoeError
-from ..utils import host_description, sha256_json
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.utils import cache_dir, host_description, sha256_json
 
 # docs/sources/ENVIRONMENT.md §4 and its Qwen3-geometry addendum, measured on the project's build machine (2 vCPU Intel Xeon
 # with AMX, torch 2.13, 2 threads). Another host (even another VM of the same project) may differ: measure it.
@@ -32,10 +32,6 @@ DEFAULTS = {
 DEFAULT_SOURCE = ("default from docs/sources/ENVIRONMENT.md §4-5 (measured on another machine of the project, an "
                   "Intel Xeon with AMX); NOT measured on this host - run "
                   "npumoe_lab.devices.hostprofile.measure_host_profile()")
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("NPUMOE_CACHE_DIR") or Path.home() / ".cache" / "npumoe-lab")
 
 
 def _cpu_model() -> str:

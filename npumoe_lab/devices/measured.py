@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import NpuMoeError
+from npumoe_lab.errors import NpuMoeError
 
 RAPL_GLOB = "/sys/class/powercap/intel-rapl*"
 

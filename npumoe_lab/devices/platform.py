@@ -19,8 +19,8 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import NpuMoeError
-from ..utils import sha256_json
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.utils import sha256_json
 
 PLATFORM_DIR = Path(__file__).resolve().parent / "platforms"
 KINDS = ("modeled", "measured")
@@ -275,7 +275,7 @@ def get_platform(name: str, **overrides) -> Platform:
     raw = copy.deepcopy(_read_yaml(name))
     params = {role: raw[role] for role in ROLES}
     if any("from_host_profile" in e for r in ROLES for e in params[r].values()):
-        from .hostprofile import fill_host_params   # lazy: measures or reads this host only for the cpu platform
+        from npumoe_lab.devices.hostprofile import fill_host_params   # lazy: measures or reads this host only for the cpu platform
         fill_host_params(params)
     for knob, value in sorted(overrides.items()):
         _apply_override(params, knob, value)

@@ -1,4 +1,4 @@
-"""Experiments: results store (atomic parquet rows) and notebook sweeps (papermill; local pool or Dask).
+"""Experiments: runs of variants (runner), notebook sweeps (papermill; local pool or Dask).
 
 Notebook contract: every notebook has a `parameters` cell with `out_dir = None` and writes its rows with
 `write_rows(rows, out_dir)` when `out_dir` is set. Imports are lazy so `import npumoe_lab.experiments` stays cheap
@@ -9,13 +9,15 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "write_rows": "store", "load_results": "store", "write_timeline": "store", "load_timelines": "store",
-    "KEY_COLUMNS": "store", "run_sweep": "sweep", "SweepReport": "sweep", "load_spec": "sweep_spec",
+    "write_rows": "npumoe_lab.results.store", "load_results": "npumoe_lab.results.store",
+    "write_timeline": "npumoe_lab.results.store", "load_timelines": "npumoe_lab.results.store",
+    "KEY_COLUMNS": "npumoe_lab.results.store", "run_sweep": "npumoe_lab.experiments.sweep",
+    "SweepReport": "npumoe_lab.experiments.sweep", "load_spec": "npumoe_lab.experiments.sweep_spec",
 }
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name):
     if name in _EXPORTS:
-        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 
-from ..errors import NpuMoeError
+from npumoe_lab.errors import NpuMoeError
 
 
 def dask_map(fn, tasks, workers: int, scheduler: str | None = None):

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..errors import NpuMoeError
-from ..plot_helpers import default_knobs
-from ..stats import change_statement
-from ..utils import REPO_ROOT, kernel_env
-from .outdir import check_writable
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.viz.plot_helpers import default_knobs
+from npumoe_lab.results.stats import change_statement
+from npumoe_lab.utils import REPO_ROOT, kernel_env
+from npumoe_lab.results.outdir import check_writable
 
 DEMO_SWEEP = REPO_ROOT / "sweeps" / "demo.yaml"
 FIGURE_NOTES = {
@@ -37,7 +37,7 @@ FIGURE_NOTES = {
 }
 # what every demo cell's notebook (05_baselines) imports and loads first
 WARM_UP = ("from npumoe_lab.experiments import notebook_helpers as nb\n"
-           "from npumoe_lab.experiments import runner\nfrom npumoe_lab import plots\n"
+           "from npumoe_lab.experiments import runner\nfrom npumoe_lab.viz import plots\n"
            "nb.load({model!r}, {dtype!r})")
 SUMMARY_COLUMNS = ("ttft_s", "energy_per_token_mj", "cpu_cycles", "n_npu_calls", "drop_rate", "score")
 
@@ -46,7 +46,7 @@ SUMMARY_COLUMNS = ("ttft_s", "energy_per_token_mj", "cpu_cycles", "n_npu_calls",
 def summary_markdown(df: pd.DataFrame, sources: dict) -> str:
     """SUMMARY.md: variant x platform table (medians over cells/repeats) + ablation ratios next to the paper's."""
     # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
-    from ..variants import ABLATION, PAPER_ABLATION_SPEEDUP, VARIANTS
+    from npumoe_lab.planning.variants import ABLATION, PAPER_ABLATION_SPEEDUP, VARIANTS
     lines = ["# npumoe-lab demo: summary", ""]
     lines += [f"- {k}: {v}" for k, v in sources.items()]
     lines += ["", "Every time/energy number is labelled **measured** (run on this host, wall clock) or **modeled** "
@@ -93,7 +93,7 @@ def _ablation_table(agg: pd.DataFrame) -> list[str]:
     """Speedups over npumoe-base, each with the drop rate of its step (a speedup bought with drops is another
     accuracy point)."""
     # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
-    from ..variants import ABLATION, PAPER_ABLATION_SPEEDUP
+    from npumoe_lab.planning.variants import ABLATION, PAPER_ABLATION_SPEEDUP
     lines = ["| platform | timing | " + " | ".join(ABLATION) + " |", "|---|---|" + "---:|" * len(ABLATION)]
     for plat, pg in agg.groupby("platform", sort=False):
         t, d = pg.set_index("variant").ttft_s, pg.set_index("variant").drop_rate
@@ -139,7 +139,7 @@ def _archive_stale_sweep(sweep_dir: Path, fingerprint: str) -> None:
     """A re-run resumes the sweep (cells with DONE.json are skipped), but rows of another model (e.g. before the
     tiny model was retrained) must not be mixed in: move such a sweep folder aside to `_previous/`."""
     # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
-    from .store import load_results
+    from npumoe_lab.results.store import load_results
     if not sweep_dir.is_dir():
         return
     try:
@@ -158,8 +158,8 @@ def draw_figures(out: Path) -> list[Path]:
     per calibration profile, all on one colour scale. The paper-scale rows get their own figures
     (paper_scale_section): their facets would crowd these."""
     # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
-    from ..plots import make_all_figures, plot_baselines, plot_popularity_heatmap, save_figure, shared_vmax
-    from .store import load_results  # lazy, as above
+    from npumoe_lab.viz.plots import make_all_figures, plot_baselines, plot_popularity_heatmap, save_figure, shared_vmax
+    from npumoe_lab.results.store import load_results  # lazy, as above
     figs = make_all_figures(out / "sweep", out / "figures")
     profiles = sorted(p.parent for p in (out / "profiles").glob("*/counts.parquet"))
     top = shared_vmax(profiles)
@@ -179,9 +179,9 @@ def paper_scale_section(out: Path) -> tuple[str, list]:
     """The paper's three models simulated (geometry + routing statistics, no weights; all modeled): rows in
     `paper-scale/`, the main figure and ablation of that grid, and the SUMMARY section saying what it shows."""
     # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
-    from ..plots import plot_ablation, plot_baselines, save_figure
-    from ..sim.report import paper_scale_markdown
-    from ..sim.run import simulate
+    from npumoe_lab.viz.plots import plot_ablation, plot_baselines, save_figure
+    from npumoe_lab.sim.report import paper_scale_markdown
+    from npumoe_lab.sim.run import simulate
     print("[demo] simulating the paper's models (Qwen3-30B-A3B, Phi-3.5-MoE, Phi-tiny-MoE) ...", flush=True)
     df = simulate(**PAPER_SCALE, out=out / "paper-scale")
     figs = save_figure(plot_baselines(df), out / "figures", "paper-scale-baselines") + \
@@ -198,8 +198,8 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
     t0 = time.time()
     # lazy: the demo's parts load only when it runs (python -m ... --help stays quick); the sweep's first, so that
     # its kernel starts before this process imports the rest
-    from .sweep import prewarm, run_sweep
-    from .sweep_spec import load_spec
+    from npumoe_lab.experiments.sweep import prewarm, run_sweep
+    from npumoe_lab.experiments.sweep_spec import load_spec
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     kernel_env()
@@ -212,12 +212,13 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
     warming = prewarm(sweep, out / "sweep", WARM_UP.format(model=model_name, dtype=p.get("dtype", "auto"))) \
         if workers == 1 else None
     # lazy, as above: torch, transformers and the engine load while the kernel starts
-    from ..cpu_features import resolve_dtype
-    from ..models import load_model, model_fingerprint
-    from ..plan import variant_plan
-    from ..variants import VARIANTS
-    from .runner import PLAN_KNOBS, calibration_profile
-    from .store import load_results
+    from npumoe_lab.core.cpu_features import resolve_dtype
+    from npumoe_lab.models import load_model, model_fingerprint
+    from npumoe_lab.planning.plan import variant_plan
+    from npumoe_lab.planning.variants import VARIANTS
+    from npumoe_lab.execution.calibrate import calibration_profile
+    from npumoe_lab.experiments.runner import PLAN_KNOBS
+    from npumoe_lab.results.store import load_results
     # the simulated rows are redrawn below; last run's must not mix into the sweep's figures (make_all_figures(out))
     shutil.rmtree(out / "paper-scale", ignore_errors=True)
     # the cells' dtype (05_baselines: nb.load(model, dtype)), so their calibration and plans are these

@@ -6,7 +6,7 @@ A configuration is what `attach` / `set_experts_implementation` left on the mode
 """
 from __future__ import annotations
 
-from ..experts import IMPLEMENTATION, detach
+from npumoe_lab.execution.experts import IMPLEMENTATION, detach
 
 
 def snapshot(model):

@@ -7,9 +7,9 @@ reused with it.
 """
 from __future__ import annotations
 
-from ..cpu_features import resolve_dtype
-from ..experts import detach
-from ..models.loading import load_model, resolve_model_dir
+from npumoe_lab.core.cpu_features import resolve_dtype
+from npumoe_lab.execution.experts import detach
+from npumoe_lab.models.loading import load_model, resolve_model_dir
 
 _CACHE: dict = {}
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..errors import NpuMoeError
-from ..utils import host_description
-from .model_cache import cached_load
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.utils import host_description
+from npumoe_lab.experiments.model_cache import cached_load
 
 
 def model_label(model) -> str:
@@ -44,7 +44,7 @@ def dropless_parity(model, input_ids) -> dict:
     import torch
 
     # lazy: every notebook kernel imports these helpers; each loads only what it uses
-    from ..experts import attach, detach
+    from npumoe_lab.execution.experts import attach, detach
     ids = torch.as_tensor(input_ids).reshape(1, -1)
     detach(model)
     with torch.no_grad():
@@ -63,7 +63,7 @@ def prefill_rows(results: dict, model: str, workload: str, variant: str, prompt_
                  plan=None) -> pd.DataFrame:
     """Result rows (the store's schema) from `{platform name: PrefillResult}` of `npumoe_lab.prefill` calls."""
     # lazy: every notebook kernel imports these helpers; each loads only what it uses
-    from ..devices import get_platform
+    from npumoe_lab.devices import get_platform
     rows = []
     for plat_name, res in results.items():
         plat = get_platform(plat_name)
@@ -85,7 +85,7 @@ def run_knob_sweep(model, knob: str, values, *, model_name: str | None = None, *
     rows are concatenated and carry the knob's value in a column of the knob's name (`n_tiers` for tiers).
     `model`: a name/path or a loaded (model, tokenizer) tuple (loaded once and reused)."""
     # lazy: every notebook kernel imports these helpers; each loads only what it uses
-    from .runner import PLAN_KNOBS, run_experiment
+    from npumoe_lab.experiments.runner import PLAN_KNOBS, run_experiment
     if knob not in PLAN_KNOBS:
         raise NpuMoeError(f"{knob!r} is not a plan knob; sweep one of {', '.join(PLAN_KNOBS)}")
     values = list(values)
@@ -120,7 +120,7 @@ def knob_sweep(params: dict, knob: str, values) -> pd.DataFrame:
 def calibrate_workloads(model, tokenizer, workloads, chunk: int, tokens: int, seed: int = 0) -> dict:
     """{workload or domain name: CalibrationProfile} for each calibration text source."""
     # lazy: every notebook kernel imports these helpers; each loads only what it uses
-    from ..calibration import calibrate
+    from npumoe_lab.execution.calibrate import calibrate
     return {w: calibrate(model, tokenizer, workload=w, chunk=chunk, tokens=tokens, seed=seed) for w in workloads}
 
 
@@ -149,5 +149,5 @@ def maybe_write(rows, out_dir, name: str | None = None):
     if out_dir is None:
         return None
     # lazy: every notebook kernel imports these helpers; each loads only what it uses
-    from .store import write_rows
+    from npumoe_lab.results.store import write_rows
     return write_rows(rows, out_dir, name=name)

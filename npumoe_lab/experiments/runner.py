@@ -14,46 +14,32 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..calibration import CalibrationProfile, calibrate
-from ..cpu_features import resolve_dtype, row_fields
-from ..devices import get_platform
-from ..devices.hostload import HostLoad, warn_if_busy
-from ..drift import DriftMonitor
-from ..errors import NpuMoeError
-from ..experts import attach, detach, dropless_executor, set_executor
-from ..geometry import ModelGeometry
-from ..knobs import PlanKnobs, add_knob_arguments, knobs_from_args
-from ..layout import ExecutionLayout
-from ..metrics import ReferenceLogits, bootstrap_ci, logit_agreement
-from ..models import describe, load_model, model_fingerprint
-from ..plan import Plan, variant_plan
-from ..runtime import PrefillConfig, check_context, chunked_prefill, run_prefill
-from ..stats import change_statement, paired_exact
-from ..timeline import to_frame
-from ..utils import progress, provenance, with_torch_threads
-from ..variants import ABLATION, PAPER_ABLATION_SPEEDUP, parse_variants
-from ..workloads import get_workload
-from ..workloads.scoring import evaluate_sample
-from . import interleave
-from .shared_numerics import Numerics, numerics_key, remodel
-from .store import write_rows, write_timeline
+from npumoe_lab.execution.calibrate import CalibrationProfile, calibrate, calibration_profile
+from npumoe_lab.core.cpu_features import resolve_dtype, row_fields
+from npumoe_lab.devices import get_platform
+from npumoe_lab.devices.hostload import HostLoad, warn_if_busy
+from npumoe_lab.execution.drift import DriftMonitor
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.execution.experts import attach, detach, dropless_executor, set_executor
+from npumoe_lab.execution.geometry import ModelGeometry
+from npumoe_lab.planning.knobs import PlanKnobs, add_knob_arguments, knobs_from_args
+from npumoe_lab.planning.layout import ExecutionLayout
+from npumoe_lab.results.metrics import ReferenceLogits, bootstrap_ci, logit_agreement
+from npumoe_lab.models import describe, load_model, model_fingerprint
+from npumoe_lab.planning.plan import Plan, variant_plan
+from npumoe_lab.execution.runtime import PrefillConfig, check_context, chunked_prefill, run_prefill
+from npumoe_lab.results.stats import change_statement, paired_exact
+from npumoe_lab.execution.timeline import to_frame
+from npumoe_lab.utils import progress, provenance, with_torch_threads
+from npumoe_lab.planning.variants import ABLATION, PAPER_ABLATION_SPEEDUP, parse_variants
+from npumoe_lab.workloads import get_workload
+from npumoe_lab.workloads.scoring import evaluate_sample
+from npumoe_lab.experiments import interleave
+from npumoe_lab.experiments.shared_numerics import Numerics, numerics_key, remodel
+from npumoe_lab.results.store import write_rows, write_timeline
 
 MEASURED_REPEATS = 3   # default repeats of a measured platform (median and IQR need several); modeled: 1
 PLAN_KNOBS = PlanKnobs.names()      # every build_plan knob is a run knob (and a sweep key of the notebooks)
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("NPUMOE_CACHE", Path.home() / ".cache" / "npumoe-lab"))
-
-
-def calibration_profile(model, tokenizer, workload: str, chunk: int, tokens: int, seed: int = 0):
-    """Calibrate once per (model, workload, chunk, tokens); later runs load the saved profile."""
-    d = cache_dir() / "profiles" / f"{model_fingerprint(model)[:16]}-{workload}-c{chunk}-n{tokens}-s{seed}"
-    if (d / "profile.json").exists():
-        return CalibrationProfile.load(d)
-    profile = calibrate(model, tokenizer, workload=workload, chunk=chunk, tokens=tokens, seed=seed)
-    profile.save(d)
-    return profile
 
 
 def check_model_dtype(model, dtype) -> None:

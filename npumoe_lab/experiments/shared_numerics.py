@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..clock import TimelineClock
-from ..geometry import ModelGeometry
-from ..ops import ChunkContext
-from ..runtime import PrefillConfig, PrefillResult, finish
+from npumoe_lab.execution.clock import TimelineClock
+from npumoe_lab.execution.geometry import ModelGeometry
+from npumoe_lab.execution.ops import ChunkContext
+from npumoe_lab.execution.runtime import PrefillConfig, PrefillResult, finish
 
 
 def numerics_key(variant, plan, config: PrefillConfig) -> tuple:

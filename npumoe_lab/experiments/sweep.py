@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..errors import NpuMoeError
-from ..utils import env_set, kernel_env, progress, sha256_json
-from .atomic import atomic_open, write_json
-from .sweep_record import die_with_parent, merge_sweep_json
-from .sweep_spec import cell_key, load_spec, read_notebook
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.utils import env_set, kernel_env, progress, sha256_json
+from npumoe_lab.results.atomic import atomic_open, write_json
+from npumoe_lab.experiments.sweep_record import die_with_parent, merge_sweep_json
+from npumoe_lab.experiments.sweep_spec import cell_key, load_spec, read_notebook
 
 EXECUTORS = ("local", "dask")
 # kernels log nothing but errors: ipykernel's "running over TCP without encryption" warning, once per cell, is
@@ -96,7 +96,7 @@ def run_sweep(yaml_path, out_dir, workers: int = 1, executor: str = "local", sch
                           "kind": spec.kind, "cwd": str(spec.notebook.parent if notebook else out),
                           "warm": warm and executor == "local" and spec.kind == "notebook"})
     if executor == "dask":
-        from .dask_executor import dask_map as run_all  # lazy: dask is an optional, heavy dependency
+        from npumoe_lab.experiments.dask_executor import dask_map as run_all  # lazy: dask is an optional, heavy dependency
     else:
         run_all = local_map
     bar = progress(total=len(cells), initial=len(report.skipped), desc=f"sweep {spec.name}", unit="cell")
@@ -107,7 +107,7 @@ def run_sweep(yaml_path, out_dir, workers: int = 1, executor: str = "local", sch
             bar.update(1)
             bar.set_postfix(failed=len(report.failed))
     if any(t["warm"] for t in tasks) and workers == 1:   # this process's warm kernel: done with this sweep
-        from .warm_kernel import shutdown  # lazy: registers a papermill engine
+        from npumoe_lab.experiments.warm_kernel import shutdown  # lazy: registers a papermill engine
         shutdown()
     return report
 
@@ -128,7 +128,7 @@ def run_cell(task: dict) -> dict:
                 "host": socket.gethostname(), "started": _iso(started)}
         try:
             if task.get("kind") == "simulate":   # no notebook: the cell is one simulate() call writing its rows
-                from ..sim.run import simulate  # lazy: torch and the engine only for `kind: simulate` sweeps
+                from npumoe_lab.sim.run import simulate  # lazy: torch and the engine only for `kind: simulate` sweeps
                 simulate(**task["params"], out=cell_dir)
             else:
                 _run_notebook(task, cell_dir)
@@ -152,7 +152,7 @@ def _run_notebook(task: dict, cell_dir: Path) -> None:
     with env_set(NPUMOE_IN_SWEEP="1"):
         engine = {}
         if task.get("warm"):   # this worker's kernel: imports and loaded models carry over between cells
-            from .warm_kernel import ENGINE, warm_manager  # lazy: registers a papermill engine
+            from npumoe_lab.experiments.warm_kernel import ENGINE, warm_manager  # lazy: registers a papermill engine
             engine = dict(engine_name=ENGINE, km=warm_manager("python3", task["cwd"]))
         pm.execute_notebook(task["notebook"], str(cell_dir / "executed.ipynb"), kernel_name="python3",
                             parameters={**task["params"], "out_dir": str(cell_dir)}, cwd=task["cwd"],
@@ -171,7 +171,7 @@ def prewarm(yaml_path, out_dir, code: str):
     cells = Path(out_dir).resolve() / "cells"
     if spec.kind != "notebook" or all((cells / cell_key(p) / DONE).exists() for p in spec.cells()):
         return None
-    from .warm_kernel import prewarm as start  # lazy: registers a papermill engine
+    from npumoe_lab.experiments.warm_kernel import prewarm as start  # lazy: registers a papermill engine
     kernel_env()
     with env_set(NPUMOE_IN_SWEEP="1"):
         return start("python3", str(spec.notebook.parent), code)

@@ -10,8 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-from ..utils import sha256_json
-from .atomic import write_json
+from npumoe_lab.utils import sha256_json
+from npumoe_lab.results.atomic import write_json
 
 
 def merge_sweep_json(out: Path, spec_entry: dict, cells: dict) -> dict:

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import NpuMoeError
-from ..knobs import PlanKnobs
-from ..utils import REPO_ROOT, sha256_json
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.planning.knobs import PlanKnobs
+from npumoe_lab.utils import REPO_ROOT, sha256_json
 
 KEYS = ("name", "include", "kind", "notebook", "parameters", "grid")
 KINDS = ("notebook", "simulate")     # simulate: each cell is npumoe_lab.simulate(**params), no notebook or kernel
@@ -85,7 +85,7 @@ def load_spec(yaml_path) -> SweepSpec:
 
 def _simulate_spec(path: Path, raw: dict) -> SweepSpec:
     """A sweep of simulate() calls: cell parameters are simulate's arguments (geometry, routing, platforms, ...)."""
-    from ..sim.run import simulate   # lazy: the simulation layer only for `kind: simulate` sweeps
+    from npumoe_lab.sim.run import simulate   # lazy: the simulation layer only for `kind: simulate` sweeps
     names = [n for n in inspect.signature(simulate).parameters if n not in ("out", "timeline", "plan_knobs")]
     names += list(PlanKnobs.names())
     _check_names(raw, names, path, f"arguments of npumoe_lab.simulate ({', '.join(names)})")

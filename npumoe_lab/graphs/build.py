@@ -10,15 +10,15 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..errors import NpuMoeError
-from ..models import expert_weights, find_moe_blocks
-from ..utils import progress, provenance
-from .cache import GraphCache, artifact_key, copy_artifact, weights_digest
-from .coreml import build_attention_package, build_group_package
-from .onnx import census, export_attention, export_group
-from .spec import AttentionGraphSpec, Limits, canonical, field_of, group_specs, plan_chunks, subset
-from .validate import validate_group_package
-from .validate_attention import validate_attention_package
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.models import expert_weights, find_moe_blocks
+from npumoe_lab.utils import progress, provenance
+from npumoe_lab.graphs.cache import GraphCache, artifact_key, copy_artifact, weights_digest
+from npumoe_lab.graphs.coreml import build_attention_package, build_group_package
+from npumoe_lab.graphs.onnx import census, export_attention, export_group
+from npumoe_lab.graphs.spec import AttentionGraphSpec, Limits, canonical, field_of, group_specs, plan_chunks, subset
+from npumoe_lab.graphs.validate import validate_group_package
+from npumoe_lab.graphs.validate_attention import validate_attention_package
 
 TARGETS = ("coreml", "onnx")
 
@@ -72,7 +72,7 @@ def build_graphs(plan, weights: dict, out, *, target: str = "coreml", options=No
     if target not in TARGETS:
         raise NpuMoeError(f"unknown target {target!r}; use one of {TARGETS}")
     if target == "coreml":
-        from .coreml import CoreMLOptions  # coremltools itself is imported only if something must be built
+        from npumoe_lab.graphs.coreml import CoreMLOptions  # coremltools itself is imported only if something must be built
         options = options or CoreMLOptions()
     opt_key = asdict(options) if options is not None else {}
     limits, cache, out = limits or Limits(), cache or GraphCache(), Path(out)

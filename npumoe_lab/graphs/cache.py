@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..utils import REPO_ROOT, library_versions, sha256_json
+from npumoe_lab.utils import REPO_ROOT, library_versions, sha256_json
 
 BUILDER_VERSION = 1  # bump when a builder's output changes for the same inputs
 

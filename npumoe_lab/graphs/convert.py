@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..errors import NpuMoeError
-from ..models import load_model
-from ..plan import Plan
-from .build import TARGETS, build_graphs, model_parts, violations
-from .cache import GraphCache
-from .coreml import CoreMLOptions
-from .spec import Limits, field_of
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.models import load_model
+from npumoe_lab.planning.plan import Plan
+from npumoe_lab.graphs.build import TARGETS, build_graphs, model_parts, violations
+from npumoe_lab.graphs.cache import GraphCache
+from npumoe_lab.graphs.coreml import CoreMLOptions
+from npumoe_lab.graphs.spec import Limits, field_of
 
 
 def load_plan(path):

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import NpuMoeError
-from .modules import LAYOUTS, ChunkAttention, GroupFFN, chunk_inputs
-from .spec import canonical
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.graphs.modules import LAYOUTS, ChunkAttention, GroupFFN, chunk_inputs
+from npumoe_lab.graphs.spec import canonical
 
 COMPRESSIONS = (None, "int8", "lut4", "lut6", "lut8")
 COMPUTE_UNITS = ("CPU_AND_NE", "CPU_ONLY", "CPU_AND_GPU", "ALL")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import NpuMoeError
-from .coreml import require_coremltools
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.graphs.coreml import require_coremltools
 
 
 def load_program(path):

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import NpuMoeError
+from npumoe_lab.errors import NpuMoeError
 
 LAYOUTS = ("bmm", "conv")
 MASK_MIN = -1e4  # finite in fp16: -1e9 overflows to -inf and gives NaN on the ANE (ANCHORS 3.8)

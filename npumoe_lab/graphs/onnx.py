@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from ..errors import NpuMoeError
-from .modules import ChunkAttention, GroupFFN, chunk_inputs
-from .spec import canonical
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.graphs.modules import ChunkAttention, GroupFFN, chunk_inputs
+from npumoe_lab.graphs.spec import canonical
 
 OPSET = 18
 HOST_ONLY_OPS = frozenset({"TopK", "Gather", "GatherElements", "GatherND", "Scatter", "ScatterElements", "ScatterND",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import NpuMoeError
+from npumoe_lab.errors import NpuMoeError
 
 # ANE tensor-axis limits, right-aligned N D C H W: "N[1-65536] D[1-16384] C[1-65536] H[1-16384] W[1-16384]"
 # (ANCHORS 3.8). The 16384 entries come from the platform profile (npu.max_dim).
@@ -32,7 +32,7 @@ class Limits:
         if platform is None or isinstance(platform, Limits):
             return platform or cls()
         if isinstance(platform, str):
-            from ..devices import get_platform  # noqa: PLC0415  (the platform registry is optional here)
+            from npumoe_lab.devices import get_platform  # noqa: PLC0415  (the platform registry is optional here)
             platform = get_platform(platform)
         npu = platform.npu
         num = lambda v: float(getattr(v, "value", v))  # noqa: E731  (profile params may be {value, unit, ...})

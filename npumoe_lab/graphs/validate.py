@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import NpuMoeError
-from ..packing import group_ffn
-from .milnumpy import load_program, run_function
-from .modules import from_layout, to_layout
-from .spec import Limits, canonical
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.core.packing import group_ffn
+from npumoe_lab.graphs.milnumpy import load_program, run_function
+from npumoe_lab.graphs.modules import from_layout, to_layout
+from npumoe_lab.graphs.spec import Limits, canonical
 
 # Ops that map to the ANE in our graphs. Everything else is a violation: topk (RCAS error), gather/scatter
 # (CPU only), slice_update, nonzero, int index math stay on the host (ANCHORS 1, 3.8).

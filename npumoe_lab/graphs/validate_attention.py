@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .milnumpy import load_program, run_function
-from .modules import MASK_MIN, chunk_inputs
-from .spec import Limits
-from .validate import check_function, rel_err
+from npumoe_lab.graphs.milnumpy import load_program, run_function
+from npumoe_lab.graphs.modules import MASK_MIN, chunk_inputs
+from npumoe_lab.graphs.spec import Limits
+from npumoe_lab.graphs.validate import check_function, rel_err
 
 TOLERANCE = 1e-2
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Family, router_logits
+from npumoe_lab.models.base import Family, router_logits
 
 
 def reference_route(router, hidden):

@@ -3,7 +3,7 @@ transposed ([E,H,2I]) with gate/up interleaved, carry biases, and use the clampe
 (HF's `GptOssExperts._apply_gate`). HF's GPT-OSS has no sdpa attention (sinks), hence eager in load_model."""
 from __future__ import annotations
 
-from .base import Family, router_logits, topk_softmax
+from npumoe_lab.models.base import Family, router_logits, topk_softmax
 
 
 def reference_route(router, hidden):

@@ -2,7 +2,7 @@
 lives at `block_sparse_moe` (not `mlp`) and the router at `router`."""
 from __future__ import annotations
 
-from .base import Family, router_logits, topk_softmax
+from npumoe_lab.models.base import Family, router_logits, topk_softmax
 
 
 def reference_route(router, hidden):

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from ..errors import NpuMoeError
-from ..utils import DATA_DIR, hf_progress
-from .registry import find_moe_blocks, get_family
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.utils import DATA_DIR, hf_progress
+from npumoe_lab.models.registry import find_moe_blocks, get_family
 
 TINY_MODEL_DIR = DATA_DIR / "models" / "npumoe-tiny"
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,

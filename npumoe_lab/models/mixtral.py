@@ -2,7 +2,7 @@
 `norm_topk_prob`). Router jitter applies only in training. Every layer is MoE."""
 from __future__ import annotations
 
-from .base import Family, router_logits, softmax_topk
+from npumoe_lab.models.base import Family, router_logits, softmax_topk
 
 
 def reference_route(router, hidden):

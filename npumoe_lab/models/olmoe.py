@@ -2,7 +2,7 @@
 released checkpoint, so routed weights of a token sum to < 1). Every layer is MoE."""
 from __future__ import annotations
 
-from .base import Family, router_logits, softmax_topk
+from npumoe_lab.models.base import Family, router_logits, softmax_topk
 
 
 def reference_route(router, hidden):

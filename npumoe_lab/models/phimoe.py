@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Family, router_logits
+from npumoe_lab.models.base import Family, router_logits
 
 
 def _masked_pick(scores, candidates, jitter_eps):

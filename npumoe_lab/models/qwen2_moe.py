@@ -2,8 +2,8 @@
 a sigmoid gate (`shared_expert_gate`); both stay in HF's block code."""
 from __future__ import annotations
 
-from .base import Family
-from .qwen3_moe import reference_route, sparse_step_layers
+from npumoe_lab.models.base import Family
+from npumoe_lab.models.qwen3_moe import reference_route, sparse_step_layers
 
 
 def n_shared_experts(config) -> int:

@@ -2,7 +2,7 @@
 Dense layers are those in `mlp_only_layers` or off the `decoder_sparse_step` grid."""
 from __future__ import annotations
 
-from .base import Family, router_logits, softmax_topk
+from npumoe_lab.models.base import Family, router_logits, softmax_topk
 
 
 def sparse_step_layers(config) -> list[int]:

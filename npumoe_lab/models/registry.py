@@ -8,9 +8,9 @@ import json
 import torch
 from torch import nn
 
-from ..errors import NpuMoeError
-from . import deepseek_v3, gpt_oss, granitemoe, mixtral, olmoe, phimoe, qwen2_moe, qwen3_moe
-from .base import Family, MoEBlockRef, MoELayerSpec
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.models import deepseek_v3, gpt_oss, granitemoe, mixtral, olmoe, phimoe, qwen2_moe, qwen3_moe
+from npumoe_lab.models.base import Family, MoEBlockRef, MoELayerSpec
 
 FAMILIES: dict[str, Family] = {m.FAMILY.model_type: m.FAMILY for m in (
     qwen3_moe, qwen2_moe, olmoe, mixtral, phimoe, gpt_oss, deepseek_v3, granitemoe)}

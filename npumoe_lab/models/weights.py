@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from ..errors import NpuMoeError
+from npumoe_lab.errors import NpuMoeError
 
 
 @dataclass(frozen=True)

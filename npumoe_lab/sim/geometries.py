@@ -8,9 +8,9 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
-from ..errors import NpuMoeError
-from ..geometry import ModelGeometry
-from ..utils import REPO_ROOT
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.execution.geometry import ModelGeometry
+from npumoe_lab.utils import REPO_ROOT
 
 GEOMETRY_DIR = REPO_ROOT / "data" / "geometries"
 

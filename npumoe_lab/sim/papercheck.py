@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..experiments.store import write_rows
-from .report import BASELINES, PAPER_END_TO_END, PAPER_RANGES
-from .run import iter_simulation
-from .sensitivity import VARIANTS, cases, report, score
+from npumoe_lab.results.store import write_rows
+from npumoe_lab.sim.report import BASELINES, PAPER_END_TO_END, PAPER_RANGES
+from npumoe_lab.sim.run import iter_simulation
+from npumoe_lab.sim.sensitivity import VARIANTS, cases, report, score
 
 GRID = dict(geometry="qwen3-30b-a3b,phi-3.5-moe,phi-tiny-moe", platforms="m2-max,m2-ultra", prompt_len="1024,4096",
             chunk="256,512,1024")
@@ -155,7 +155,7 @@ def register_cli(sub) -> None:
 
 
 def _cli(a: argparse.Namespace) -> int:
-    from .figures import paper_check_figure      # matplotlib only when drawing
+    from npumoe_lab.sim.figures import paper_check_figure      # matplotlib only when drawing
     t0 = time.perf_counter()
     table, sens, df = paper_check(a.routing, a.seed, not a.no_sensitivity)
     out = Path(a.out)

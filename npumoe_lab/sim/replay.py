@@ -12,11 +12,11 @@ import math
 
 import torch
 
-from ..engine import PlanExecutor, dynamic_experts_cost
-from ..errors import NpuMoeError
-from ..geometry import ModelGeometry
-from ..ops import ChunkContext, Op
-from ..runtime import PrefillConfig, PrefillResult, finish
+from npumoe_lab.execution.engine import PlanExecutor, dynamic_experts_cost
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.execution.geometry import ModelGeometry
+from npumoe_lab.execution.ops import ChunkContext, Op
+from npumoe_lab.execution.runtime import PrefillConfig, PrefillResult, finish
 
 
 def replay_prefill(geometry: ModelGeometry, executor: PlanExecutor | None, config: PrefillConfig, routing: list,

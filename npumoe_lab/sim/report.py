@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..variants import ABLATION, PAPER_ABLATION_SPEEDUP
+from npumoe_lab.planning.variants import ABLATION, PAPER_ABLATION_SPEEDUP
 
 # PAPER.md 5.1 / 5.2 (the paper's measurements on M2 Max / M2 Ultra; what the model is compared with)
 PAPER_RANGES = {"latency vs baselines": (1.32, 5.55), "energy vs baselines": (1.81, 7.37),

@@ -24,9 +24,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..calibration import CalibrationProfile
-from ..errors import NpuMoeError
-from ..models import load_model
+from npumoe_lab.planning.profile import CalibrationProfile
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.models import load_model
 
 CALIBRATION_TOKENS = 8192        # sampled calibration tokens when a source has no per-chunk counts at this chunk
 MIN_CALIBRATION_CHUNKS = 8
@@ -249,7 +249,7 @@ def from_profile(specs, path) -> PopularityRouting:
 
 def stretched_tiny(specs, seed: int = 0) -> PopularityRouting:
     """The bundled model's calibrated popularity (mixed text, chunk 256, 4096 tokens) stretched to E experts."""
-    from ..experiments.runner import calibration_profile  # lazy: loads the bundled model only for this source
+    from npumoe_lab.execution.calibrate import calibration_profile  # lazy: loads the bundled model only for this source
     model, tok = load_model("tiny")
     prof = calibration_profile(model, tok, "mixed", 256, 4096, seed)
     rng = np.random.default_rng(seed)

@@ -17,21 +17,21 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..devices import Platform, get_platform
-from ..experiments.store import write_rows, write_timeline
-from ..engine import PlanExecutor
-from ..errors import NpuMoeError
-from ..knobs import PlanKnobs, add_knob_arguments, knobs_from_args
-from ..layout import ExecutionLayout
-from ..plan import variant_plan
-from ..runtime import PrefillConfig, check_context
-from ..timeline import to_frame
-from ..utils import progress, provenance
-from ..variants import parse_variants
-from .geometries import list_geometries, load_geometry
-from .replay import replay_prefill
-from .report import ratios
-from .routing import parse_routing
+from npumoe_lab.devices import Platform, get_platform
+from npumoe_lab.results.store import write_rows, write_timeline
+from npumoe_lab.execution.engine import PlanExecutor
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.planning.knobs import PlanKnobs, add_knob_arguments, knobs_from_args
+from npumoe_lab.planning.layout import ExecutionLayout
+from npumoe_lab.planning.plan import variant_plan
+from npumoe_lab.execution.runtime import PrefillConfig, check_context
+from npumoe_lab.execution.timeline import to_frame
+from npumoe_lab.utils import progress, provenance
+from npumoe_lab.planning.variants import parse_variants
+from npumoe_lab.sim.geometries import list_geometries, load_geometry
+from npumoe_lab.sim.replay import replay_prefill
+from npumoe_lab.sim.report import ratios
+from npumoe_lab.sim.routing import parse_routing
 
 WEIGHT_FORMATS = {"fp16": {}, "int8": {"npu_weight_bytes": "int8"}}   # -> platform override of the NPU's weights
 

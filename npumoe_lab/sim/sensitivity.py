@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..devices import get_platform
-from ..errors import NpuMoeError
-from ..experiments.store import write_rows
-from ..variants import ABLATION
-from .run import WEIGHT_FORMATS, iter_simulation
+from npumoe_lab.devices import get_platform
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.results.store import write_rows
+from npumoe_lab.planning.variants import ABLATION
+from npumoe_lab.sim.run import WEIGHT_FORMATS, iter_simulation
 
 # conclusion -> (numerator variant, denominator variant, metric): holds when numerator / denominator > 1
 CONCLUSIONS = {
@@ -126,7 +126,7 @@ def register_cli(sub) -> None:
 
 
 def _cli(a: argparse.Namespace) -> int:
-    from .figures import tornado     # matplotlib only when drawing
+    from npumoe_lab.sim.figures import tornado     # matplotlib only when drawing
     res = run_sensitivity(a.geometry, a.platform, a.routing, a.prompt_len, a.chunk, a.weights, a.seed)
     out = Path(a.out)
     write_rows(res.rename(columns={"geometry": "model"}).assign(workload=a.routing.split(":")[0], variant="npumoe",

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..utils import DATA_DIR
-from ..workloads import get_workload
-from ..workloads.scoring import evaluate
-from .card_text import write_readme
+from npumoe_lab.utils import DATA_DIR
+from npumoe_lab.workloads import get_workload
+from npumoe_lab.workloads.scoring import evaluate
+from npumoe_lab.train.card_text import write_readme
 
 MODEL_DIR = DATA_DIR / "models" / "npumoe-tiny"
 DOMAINS = ("scripture", "drama", "pydocs", "code")

@@ -20,9 +20,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from ..errors import NpuMoeError
-from ..texts import DOMAINS, TEXT_DIR, bundled_text  # noqa: F401 - the bundled samples this module writes
-from ..utils import DATA_DIR
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.workloads.texts import DOMAINS, TEXT_DIR, bundled_text  # noqa: F401 - the bundled samples this module writes
+from npumoe_lab.utils import DATA_DIR
 
 CACHE_DIR = DATA_DIR / "corpora"
 DOC_SEP = "\n\n"

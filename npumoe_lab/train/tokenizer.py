@@ -11,8 +11,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from ..workloads import fewshot, ruler
-from . import corpora
+from npumoe_lab.workloads import fewshot, ruler
+from npumoe_lab.train import corpora
 
 VOCAB_SIZE = 4096
 EOT, PAD = "<|endoftext|>", "<|pad|>"

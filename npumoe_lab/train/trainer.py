@@ -22,12 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import NpuMoeError
-from ..utils import DATA_DIR, progress
-from ..workloads import fewshot, ruler
-from ..workloads.base import Haystack, newline_ids
-from . import corpora
-from .tokenizer import load_tokenizer, train_tokenizer
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.utils import DATA_DIR, progress
+from npumoe_lab.workloads import fewshot, ruler
+from npumoe_lab.workloads.base import Haystack, newline_ids
+from npumoe_lab.train import corpora
+from npumoe_lab.train.tokenizer import load_tokenizer, train_tokenizer
 
 DEFAULT_RUN = DATA_DIR / "train-runs" / "tiny"
 DEFAULT_EXPORT = DATA_DIR / "models" / "npumoe-tiny"

@@ -1,13 +1,13 @@
 """Registry of workloads. `get_workload(name)`, `list_workloads()`; the contract is in `base.py`."""
 from __future__ import annotations
 
-from ..errors import NpuMoeError
-from .base import Sample, Workload
-from .fewshot import FewShotCls
-from .hf_tasks import BoolQ, HellaSwag
-from .lm_heldout import LmHeldout
-from .lm_next import LmNextToken
-from .ruler import MultiKey, VariableTracking
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.workloads.base import Sample, Workload
+from npumoe_lab.workloads.fewshot import FewShotCls
+from npumoe_lab.workloads.hf_tasks import BoolQ, HellaSwag
+from npumoe_lab.workloads.lm_heldout import LmHeldout
+from npumoe_lab.workloads.lm_next import LmNextToken
+from npumoe_lab.workloads.ruler import MultiKey, VariableTracking
 
 _FACTORIES = {
     "ruler-multikey": MultiKey,

@@ -9,8 +9,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from ..errors import NpuMoeError
-from ..texts import DOMAINS, bundled_text
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.workloads.texts import DOMAINS, bundled_text
 
 __all__ = ["DOMAINS", "Sample", "Workload", "Haystack"]
 

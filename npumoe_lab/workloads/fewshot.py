@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from ..errors import NpuMoeError
-from .base import DOMAINS, Haystack, Sample, Workload, bos_id, encode
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.workloads.base import DOMAINS, Haystack, Sample, Workload, bos_id, encode
 
 LABELS = {"scripture": " scripture", "drama": " drama", "pydocs": " documentation", "code": " code"}
 CHOICES = tuple(LABELS[d] for d in DOMAINS)

@@ -18,8 +18,8 @@ import random
 import re
 from pathlib import Path
 
-from ..errors import NpuMoeError
-from .base import Sample, Workload, bos_id, encode
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.workloads.base import Sample, Workload, bos_id, encode
 
 BOOLQ_FIELDS = ("passage", "question")
 HELLASWAG_FIELDS = ("activity_label", "ctx_a", "ctx_b", "endings", "label")

@@ -4,7 +4,7 @@ data/text/<domain>/heldout.txt; wraps around when the file is exhausted). The sc
 L-1 predicted tokens (perplexity = exp of the token-weighted mean)."""
 from __future__ import annotations
 
-from .base import DOMAINS, Sample, Workload, bos_id, eval_haystack
+from npumoe_lab.workloads.base import DOMAINS, Sample, Workload, bos_id, eval_haystack
 
 
 def heldout_windows(tokenizer, domain: str, prompt_len: int, n: int | None = None) -> list[list[int]]:

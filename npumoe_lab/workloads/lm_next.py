@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import NpuMoeError
-from .base import DOMAINS, Sample, Workload, bos_id, eval_haystack, sample_rng
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.workloads.base import DOMAINS, Sample, Workload, bos_id, eval_haystack, sample_rng
 
 
 class LmNextToken(Workload):

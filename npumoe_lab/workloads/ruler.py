@@ -12,8 +12,8 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from ..errors import NpuMoeError
-from .base import Haystack, Sample, Workload, bos_id, encode
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.workloads.base import Haystack, Sample, Workload, bos_id, encode
 
 ADJECTIVES = ("lively", "quiet", "brave", "calm", "eager", "fancy", "gentle", "happy", "jolly", "kind", "proud",
               "silly", "witty", "zealous", "ancient", "bitter", "bright", "clever", "crimson", "dusty", "early",

@@ -13,9 +13,9 @@ from __future__ import annotations
 import copy
 import math
 
-from ..errors import NpuMoeError
-from ..utils import progress
-from .base import Sample, Workload, quiet_kwargs
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.utils import progress
+from npumoe_lab.workloads.base import Sample, Workload, quiet_kwargs
 
 
 def default_prefill(model, input_ids):

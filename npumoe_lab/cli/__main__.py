@@ -1,0 +1,5 @@
+import sys
+
+from npumoe_lab.cli import main
+
+sys.exit(main())

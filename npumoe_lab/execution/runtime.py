@@ -1,0 +1,249 @@
+"""Chunked prefill with the KV cache carried across chunks, every op timed (measured) or costed (modeled).
+
+One path: `run_prefill(model, input_ids, PrefillConfig)` = clock -> `chunked_prefill` -> schedule -> summarise; the
+API (`npumoe_lab.prefill`), the runner, the notebooks and bench all go through it. Forward hooks on attention,
+routers and shared experts turn those modules into `ops.Op` records (costs from `geometry.ModelGeometry`, the same
+code a routing-only simulation uses); the experts executor emits its own through the chunk's `ChunkContext`. On a
+measured platform (this host) durations come from `time.perf_counter` around the real op; on a modeled one the op
+still runs for real (so accuracy is real) and its duration comes from the platform's cost model. Never both for one
+number.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from npumoe_lab.execution.clock import NullClock, TimelineClock
+from npumoe_lab.devices import get_platform
+from npumoe_lab.execution.engine import dynamic_experts_cost
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.execution.geometry import ModelGeometry
+from npumoe_lab.models import find_moe_blocks
+from npumoe_lab.execution.ops import ChunkContext, Op, chunk_scope
+from npumoe_lab.execution.timeline import schedule, summarize
+
+ATTENTION_ROLES = ("npu", "cpu")
+
+
+def check_context(context: int | None, tokens: int, what: str = "the prompt") -> None:
+    """The one context-length check: `tokens` must fit the model's context."""
+    if context is not None and tokens > context:
+        raise NpuMoeError(f"{what} has {tokens} tokens but the model's context is {context}; use at most "
+                          f"{context} (a shorter --prompt-len or --chunk)")
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """Where and how a prefill is timed, resolved once: the platform, measured or modeled, the NPU's precision."""
+    platform: object                       # devices.Platform
+    chunk: int
+    attention: str = "npu"                 # role of attention and the dense parts ("npu" | "cpu")
+    pad_token_id: int = 0
+    dtype_bytes: int = 2                   # bytes per element on the modeled device (fp16)
+
+    def __post_init__(self):
+        if isinstance(self.platform, str):
+            object.__setattr__(self, "platform", get_platform(self.platform))
+        if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
+            raise NpuMoeError(f"chunk must be an integer >= 1; got {self.chunk!r}")
+        if self.attention not in ATTENTION_ROLES:
+            raise NpuMoeError(f"attention={self.attention!r}: use one of {ATTENTION_ROLES}")
+
+    @property
+    def measured(self) -> bool:
+        return self.platform.kind == "measured"
+
+    @property
+    def npu_weight_bytes(self) -> int | None:
+        """The platform's stored NPU weight size (npu weight_bytes, e.g. 1 for int8); None: the dtype's."""
+        return getattr(self.platform.npu, "weight_bytes", None)
+
+    @property
+    def npu_dtype(self) -> torch.dtype | None:
+        """The NPU role's precision: a modeled ANE computes fp16; on a measured host groups keep the model's."""
+        return None if self.measured else torch.float16
+
+    def clock(self) -> TimelineClock:
+        return TimelineClock(self.platform, measured=self.measured)
+
+
+class _Hooks:
+    """Forward hooks turning attention, routers and shared experts of every decoder layer into Ops."""
+
+    def __init__(self, model, geometry: ModelGeometry, clock, refs, measure_experts: bool, attention_role: str):
+        self.clock, self.geometry, self.role, self.handles, self._t0 = clock, geometry, attention_role, [], {}
+        self.ctx: ChunkContext | None = None
+        moe = {r.layer: r for r in refs}
+        for i, layer in enumerate(_decoder_layers(model)):
+            attn = getattr(layer, "self_attn", None) or getattr(layer, "attention", None)
+            if attn is not None:
+                self._wrap(attn, i, lambda i=i: geometry.attention_op(i, self.ctx, self.role))
+            ref = moe.get(i)
+            if ref is None:
+                continue
+            self._wrap(ref.router, i, lambda i=i: geometry.router_op(i, self.ctx))
+            for name in ("shared_expert", "shared_experts"):
+                if getattr(ref.block, name, None) is not None:
+                    self._wrap(getattr(ref.block, name), i, lambda i=i: geometry.shared_op(i, self.ctx, self.role))
+            if measure_experts:
+                self._wrap(ref.experts, i, self._hf_experts_op(i), with_args=True)
+
+    def _wrap(self, module, layer, make_op, with_args=False):
+        key = id(module)
+
+        def pre(mod, args, kwargs):
+            self._t0[key] = (time.perf_counter(), args, kwargs)
+
+        def post(mod, args, kwargs, output):
+            t0, a, kw = self._t0.pop(key)
+            wall = time.perf_counter() - t0
+            self.clock.record(make_op(a, kw) if with_args else make_op(), wall)
+        self.handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+        self.handles.append(module.register_forward_hook(post, with_kwargs=True))
+
+    def _hf_experts_op(self, layer):
+        """HF's own experts (the reference variant): every assignment at its expert's actual load, on the CPU."""
+        spec = self.geometry.moe_layers[layer]
+
+        def make(args, kwargs):
+            idx = args[1] if len(args) > 1 else kwargs["top_k_index"]
+            cost = dynamic_experts_cost(idx, torch.ones_like(idx, dtype=torch.bool), spec.hidden, spec.intermediate,
+                                        self.ctx.dtype_bytes)
+            return Op("experts", "experts_hf", "cpu", layer, self.ctx.index, cost)
+        return make
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+def _decoder_layers(model):
+    inner = getattr(model, "model", model)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise NpuMoeError(f"{type(model).__name__}: cannot find the decoder layers (model.model.layers)")
+    return layers
+
+
+@dataclass
+class PrefillResult:
+    logits: torch.Tensor | None   # [1, T, V] real positions only (None with keep_logits=False)
+    past_key_values: object       # HF cache holding exactly the real tokens
+    events: list                  # timeline Events (scheduled by run_prefill)
+    stats: list                   # (chunk, layer, LayerStats)
+    wall_s: float                 # measured wall time of the whole prefill on this host
+    summary: dict = field(default_factory=dict)
+    ops: list = field(default_factory=list)   # the clock's (Op, deps, wall) records: the timeline before pricing
+
+
+def drop_pad_rates(stats) -> tuple[float, float]:
+    """(dropped / routed assignments, padded / computed static slots) over a prefill's LayerStats."""
+    routed = sum(s.routed for _, _, s in stats)
+    dropped = sum(s.dropped for _, _, s in stats)
+    slots = sum(s.slots for _, _, s in stats)
+    padded = sum(s.padded for _, _, s in stats)
+    return (dropped / routed if routed else 0.0), (padded / slots if slots else 0.0)
+
+
+def attached_layout(model):
+    """The ExecutionLayout of the attached plan executor, or None (dropless / HF experts)."""
+    executor = getattr(getattr(model, "_npumoe", None), "executor", None)
+    return getattr(executor, "layout", None)
+
+
+@torch.no_grad()
+def chunked_prefill(model, input_ids: torch.Tensor, chunk: int, clock=None, measure_hf_experts: bool = False,
+                    pad_token_id: int = 0, attention_role: str = "cpu", dtype_bytes: int = 2, on_chunk=None,
+                    keep_logits: bool = True, npu_weight_bytes: int | None = None) -> PrefillResult:
+    """Prefill `input_ids` [1, T] in static chunks of `chunk` tokens, padding the last chunk.
+
+    Padding tokens sit after every real token (so causal attention keeps real tokens' results exact), are
+    masked out of expert capacity by the executor, and are cropped from the KV cache afterwards. `clock`: a
+    TimelineClock (None: untimed). `on_chunk(index)` runs after each chunk (calibration reads its routing there).
+    """
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise NpuMoeError(f"prefill takes input_ids of shape [1, T]; got {tuple(input_ids.shape)}")
+    T = input_ids.shape[1]
+    if T == 0:
+        raise NpuMoeError("the prompt is empty: give at least one token")
+    check_context(getattr(model.config, "max_position_embeddings", None), T)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise NpuMoeError(f"chunk must be an integer >= 1; got {chunk!r}")
+    layout = attached_layout(model)
+    if layout is not None:
+        layout.check_chunk(chunk)
+    timed = clock is not None
+    clock = clock if timed else NullClock()
+    geometry = ModelGeometry.from_config(model.config) if timed else None
+    hooks = _Hooks(model, geometry, clock, find_moe_blocks(model), measure_hf_experts, attention_role) \
+        if timed else None
+    device = next(model.parameters()).device
+    cache, logits = DynamicCache(config=model.config), []
+    t_start = time.perf_counter()
+    try:
+        for c, s in enumerate(range(0, T, chunk)):
+            ids = input_ids[:, s:s + chunk].to(device)
+            n_real = ids.shape[1]
+            pad = chunk - n_real                         # the static graphs take exactly `chunk` tokens
+            if pad:
+                ids = torch.cat([ids, ids.new_full((1, pad), pad_token_id)], 1)
+            ctx = ChunkContext(index=c, past=s, n_real=n_real, length=chunk, clock=clock, dtype_bytes=dtype_bytes,
+                               npu_weight_bytes=npu_weight_bytes)
+            if hooks is not None:
+                hooks.ctx = ctx
+            n_events, t_chunk = len(getattr(clock, "events", ())), time.perf_counter()
+            with chunk_scope(ctx):
+                out = model(input_ids=ids, cache=cache, use_cache=True)
+            cache = out.cache
+            if timed:
+                _record_rest(clock, geometry, ctx, time.perf_counter() - t_chunk, n_events, last=s + chunk >= T)
+            chunk_logits = out.logits[:, :n_real]
+            if bool(torch.isnan(chunk_logits).any()):
+                raise NpuMoeError(f"NaN in the logits of prefill chunk {c}; check the model weights/dtype")
+            if keep_logits:
+                logits.append(chunk_logits.float())
+            if pad:
+                cache.crop(-pad)
+            if on_chunk is not None:
+                on_chunk(c)
+    finally:
+        if hooks is not None:
+            hooks.remove()
+    wall = time.perf_counter() - t_start
+    return PrefillResult(torch.cat(logits, 1) if keep_logits else None, cache, getattr(clock, "events", []),
+                         getattr(clock, "stats", []), wall, ops=getattr(clock, "ops", []))
+
+
+def _record_rest(clock, geometry: ModelGeometry, ctx: ChunkContext, chunk_wall: float, first_event: int,
+                 last: bool):
+    """The rest of the chunk (geometry.rest_op): measured = the chunk's wall time not covered by events."""
+    wall = max(0.0, chunk_wall - sum(e.duration_s for e in clock.events[first_event:])) if clock.measured else 0.0
+    clock.record(geometry.rest_op(ctx, last, clock.measured), wall)
+
+
+def finish(result: PrefillResult, config: PrefillConfig, n_tokens: int) -> PrefillResult:
+    """Schedule the events on the platform and summarise them (TTFT, energy, cycles, drop and pad rates)."""
+    result.events = schedule(result.events, npu_shares_cpu=config.platform.npu_shares_cpu)
+    drop, pad = drop_pad_rates(result.stats)
+    result.summary = dict(summarize(result.events, config.platform, n_tokens=n_tokens), drop_rate=drop,
+                          pad_rate=pad, host_wall_s=result.wall_s)
+    return result
+
+
+def run_prefill(model, input_ids, config: PrefillConfig, measure_hf_experts: bool | None = None) -> PrefillResult:
+    """The single timed prefill path: clock -> chunked prefill -> schedule -> summary (`result.summary`).
+    `measure_hf_experts` (default: when the model is not attached) records HF's own experts as one op per layer."""
+    ids = torch.as_tensor(input_ids).reshape(1, -1)
+    if measure_hf_experts is None:
+        measure_hf_experts = getattr(model, "_npumoe", None) is None
+    res = chunked_prefill(model, ids, config.chunk, config.clock(), measure_hf_experts=measure_hf_experts,
+                          pad_token_id=config.pad_token_id, attention_role=config.attention,
+                          dtype_bytes=config.dtype_bytes, npu_weight_bytes=config.npu_weight_bytes)
+    return finish(res, config, n_tokens=ids.shape[1])
+
+
+__all__ = ["PrefillConfig", "PrefillResult", "run_prefill", "chunked_prefill", "finish", "check_context",
+           "drop_pad_rates", "attached_layout"]

@@ -1,0 +1,112 @@
+"""The plan knobs, defined once: a validated dataclass (after MegaBlocks' `Arguments`) from which `build_plan`'s
+defaults, the CLI flags of `plan`, `run` and `simulate`, and the sweep keys they accept are all generated."""
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import MISSING, dataclass, field, fields
+
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.planning.grouping import ORDERS
+from npumoe_lab.planning.residency import RESIDENCY_MODES
+from npumoe_lab.core.saliency import SALIENCY_RULES
+from npumoe_lab.planning.tiers import CAPACITY_RULES
+
+
+def knob(default, help: str, choices=None, minimum=None):
+    return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum})
+
+
+@dataclass(frozen=True)
+class PlanKnobs:
+    tiers: int = knob(3, "number of static capacity tiers", minimum=1)
+    percentile: float = knob(90, "per-chunk load percentile a tier's capacity covers (0-100]", minimum=0)
+    align: int = knob(8, "capacities rounded up to a multiple of this", minimum=1)
+    min_capacity: int = knob(8, "smallest capacity of any expert", minimum=1)
+    capacity_rule: str = knob("tiered", "how capacities are chosen", CAPACITY_RULES)
+    multipliers: tuple | None = knob(None, "tier multipliers relative to the base tier, e.g. 4,2,1")
+    top_fraction: float = knob(0.25, "share of experts in the top tier bucket", minimum=0)
+    uniform_slack: int = knob(16, "slack over T*k/E of the uniform rule", minimum=0)
+    group_size: int = knob(8, "experts per static group (one NPU graph each)", minimum=1)
+    order: str = knob("popularity", "how experts are ordered into groups", ORDERS)
+    strict: bool = knob(False, "error when the group size exceeds a tier")
+    residency: str | None = knob(None, "which groups stay on the NPU (default: cost, or threshold when "
+                                       "hot_threshold is given or there is no platform)", RESIDENCY_MODES)
+    hot_threshold: float | None = knob(None, "expected tokens per chunk for a resident group (threshold rule; "
+                                             "default chunk*top_k/n_experts)", minimum=0)
+    npu_memory_budget_bytes: int | None = knob(None, "bytes of expert weights allowed on the NPU", minimum=0)
+    saliency: str = knob("weight_x_norm", "which overflow assignments are kept", SALIENCY_RULES)
+    renormalize: bool = knob(False, "renormalise the kept top-k weights after drops")
+    dtype_bytes: int = knob(2, "bytes per weight element on the NPU (graph size limits)", minimum=1)
+
+    def __post_init__(self):
+        for f in fields(self):
+            v, meta = getattr(self, f.name), f.metadata
+            if v is None:
+                if f.default is not None:   # a knob whose default is None may be None (resolved by build_plan)
+                    raise NpuMoeError(f"plan knob {f.name} cannot be None; give a value or leave the default "
+                                      f"{f.default!r}")
+                continue
+            if meta["choices"] and v not in meta["choices"]:
+                raise NpuMoeError(f"plan knob {f.name}={v!r} is not one of {', '.join(meta['choices'])}")
+            if meta["minimum"] is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                                or not math.isfinite(v) or v < meta["minimum"]):
+                raise NpuMoeError(f"plan knob {f.name}={v!r} must be a number >= {meta['minimum']}")
+        if not 0 < self.percentile <= 100:
+            raise NpuMoeError(f"plan knob percentile={self.percentile} must be in (0, 100]")
+        if self.multipliers is not None:
+            object.__setattr__(self, "multipliers", tuple(float(m) for m in self.multipliers))
+
+    @staticmethod
+    def names() -> tuple[str, ...]:
+        return tuple(f.name for f in fields(PlanKnobs))
+
+    @staticmethod
+    def check_names(names, where: str = "plan knob") -> None:
+        unknown = sorted(set(names) - set(PlanKnobs.names()))
+        if unknown:
+            raise NpuMoeError(f"unknown {where}(s) {unknown}; valid: {', '.join(PlanKnobs.names())}")
+
+    def as_dict(self) -> dict:
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
+
+
+ALIASES = {"npu_memory_budget_bytes": ("--npu-memory-budget",)}     # earlier spellings that scripts use
+
+
+def _flags(name: str) -> tuple[str, ...]:
+    return ("--" + name.replace("_", "-"), *ALIASES.get(name, ()))
+
+
+def _parse_multipliers(text: str) -> tuple:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of numbers (e.g. 4,2,1)") from None
+
+
+def add_knob_arguments(parser: argparse.ArgumentParser, with_defaults: bool = True, only=None) -> None:
+    """One flag per knob (`--group-size` ...). with_defaults=False: unset flags stay None (the command's own plan or
+    the variant decides); `only`: a subset of knob names."""
+    for f in fields(PlanKnobs):
+        if only is not None and f.name not in only:
+            continue
+        meta, default = f.metadata, (f.default if with_defaults else None)
+        help_ = meta["help"] + (f" (default {f.default})" if f.default not in (None, False, MISSING) else "")
+        if f.type in ("bool", bool):
+            parser.add_argument(*_flags(f.name), dest=f.name, action="store_true", default=default or None,
+                                help=meta["help"])
+        elif f.name == "multipliers":
+            parser.add_argument(*_flags(f.name), dest=f.name, type=_parse_multipliers, default=default, help=help_)
+        else:
+            kind = {"int": int, "float": float, "str": str}.get(str(f.type).split(" ")[0], float)
+            parser.add_argument(*_flags(f.name), dest=f.name, type=kind, choices=meta["choices"], default=default,
+                                help=help_)
+
+
+def knobs_from_args(args: argparse.Namespace) -> dict:
+    """The knob flags the user gave (None = not given)."""
+    return {n: getattr(args, n) for n in PlanKnobs.names() if getattr(args, n, None) is not None}
+
+
+__all__ = ["PlanKnobs", "add_knob_arguments", "knobs_from_args"]

@@ -1,0 +1,307 @@
+"""The plan: per MoE layer, each expert's static capacity and tier, the groups, and which groups stay on the NPU.
+Built from a CalibrationProfile (`build_plan`), stored as versioned, hashed JSON (DESIGN.md "Planning").
+
+Variants (variants.py) are plans built with forced knobs: `variant_plan(profile, "npumoe-tg", **plan.build_kwargs())`
+rebuilds any variant from the same profile and knobs (npumoe-base: uniform capacity, G=1, all resident;
+npumoe-t: tiers, G=1, all resident; npumoe-tg: tiers + groups, all resident; npumoe: + residency;
+naive-npu: max observed capacity per expert, G=1, all resident).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from npumoe_lab.planning.profile import CalibrationProfile
+from npumoe_lab.devices import get_platform
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.planning.grouping import make_groups_with_notes
+from npumoe_lab.planning.knobs import PlanKnobs, add_knob_arguments, knobs_from_args
+from npumoe_lab.planning.layout import ExecutionLayout
+from npumoe_lab.models import describe, load_model, model_fingerprint
+from npumoe_lab.planning.residency import assign_residency, fit_budget
+from npumoe_lab.core.saliency import check_rule
+from npumoe_lab.planning.tiers import assign_tiers, expected_drop_rate, expected_kept_tokens, expected_padding
+from npumoe_lab.utils import sha256_json
+from npumoe_lab.planning.variants import get_variant
+
+PLAN_VERSION = 1
+
+
+@dataclass
+class Plan:
+    model_fingerprint: str
+    chunk: int
+    saliency: str
+    renormalize: bool
+    platform: str | None
+    knobs: dict
+    layers: list[dict]
+    calibration: dict = field(default_factory=dict)   # where the counts came from (workload, tokens, created)
+    version: int = PLAN_VERSION
+    hash: str = ""
+
+    def __post_init__(self):
+        if self.version != PLAN_VERSION:
+            raise NpuMoeError(f"plan version {self.version} is not supported (this workbench reads version "
+                              f"{PLAN_VERSION}); rebuild the plan with `npumoe-lab plan`")
+        check_rule(self.saliency)
+        for lp in self.layers:
+            _check_layer(lp)
+        digest = sha256_json(self._body())
+        if self.hash and self.hash != digest:
+            raise NpuMoeError(f"plan hash {self.hash[:12]} does not match its content ({digest[:12]}): the file was "
+                              "edited; rebuild it with `npumoe-lab plan` instead of editing")
+        self.hash = digest
+
+    def _body(self) -> dict:
+        return {"version": self.version, "model_fingerprint": self.model_fingerprint, "chunk": self.chunk,
+                "saliency": self.saliency, "renormalize": self.renormalize, "platform": self.platform,
+                "knobs": self.knobs, "calibration": self.calibration, "layers": self.layers}
+
+    def to_dict(self) -> dict:
+        return {**self._body(), "hash": self.hash}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True)
+
+    def save(self, path) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(p.suffix + ".tmp")
+        tmp.write_text(self.to_json())
+        tmp.replace(p)
+        return p
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        keys = ("model_fingerprint", "chunk", "saliency", "renormalize", "platform", "knobs", "layers")
+        missing = [k for k in keys if k not in d]
+        if missing:
+            raise NpuMoeError(f"plan lacks {missing}; it is not a plan file, build one with `npumoe-lab plan`")
+        return cls(**{k: d[k] for k in (*keys, "calibration", "version", "hash") if k in d})
+
+    @classmethod
+    def load(cls, path, model=None) -> "Plan":
+        p = Path(path)
+        if not p.is_file():
+            raise NpuMoeError(f"no plan at {p}; build one with `npumoe-lab plan --profile DIR --out {p}`")
+        try:
+            d = json.loads(p.read_text())
+        except json.JSONDecodeError as exc:
+            raise NpuMoeError(f"{p} is not valid JSON ({exc}); rebuild the plan") from exc
+        plan = cls.from_dict(d)
+        if model is not None:
+            plan.check_model(model)
+        return plan
+
+    def check_model(self, model_or_fingerprint) -> None:
+        fp = model_or_fingerprint if isinstance(model_or_fingerprint, str) else _fingerprint(model_or_fingerprint)
+        if fp != self.model_fingerprint:
+            raise NpuMoeError(f"the plan was built for model {self.model_fingerprint[:12]} but this model is "
+                              f"{fp[:12]}; calibrate and plan this model (npumoe-lab calibrate / plan)")
+
+    def build_kwargs(self) -> dict:
+        """The build_plan keyword arguments this plan was built with (for variant_plan / rebuilding)."""
+        return {**self.knobs, "saliency": self.saliency, "renormalize": self.renormalize, "platform": self.platform}
+
+    def compile(self):
+        """The frozen execution layout the engine consumes (layout.ExecutionLayout)."""
+        return ExecutionLayout.from_plan(self)
+
+    # -- lookups for the engine and reports --------------------------------------------------------------
+    def layer_plan(self, layer: int) -> dict:
+        for lp in self.layers:
+            if lp["layer"] == layer:
+                return lp
+        raise NpuMoeError(f"layer {layer} is not in the plan; its layers are {[lp['layer'] for lp in self.layers]}")
+
+    def resident_mask(self, layer: int) -> np.ndarray:
+        """[E] bool: the expert runs on the NPU."""
+        lp = self.layer_plan(layer)
+        out = np.zeros(lp["n_experts"], dtype=bool)
+        for g in lp["groups"]:
+            out[g["experts"]] = g["resident"]
+        return out
+
+    def summary(self) -> str:
+        k = self.knobs
+        head = (f"plan {self.hash[:12]}  model {self.model_fingerprint[:12]}  chunk {self.chunk}  saliency "
+                f"{self.saliency}{' (renormalized)' if self.renormalize else ''}  platform {self.platform}\n"
+                f"knobs: {', '.join(f'{n}={v}' for n, v in sorted(k.items()))}\n")
+        rows = [("layer", "tier capacities", "experts/tier", "groups (sizes)", "resident", "NPU tokens", "pad",
+                 "drop")]
+        for lp in self.layers:
+            gs = lp["groups"]
+            res = [g for g in gs if g["resident"]]
+            tok = sum(g["expected_tokens"] for g in gs)
+            rows.append((str(lp["layer"]), "/".join(map(str, lp["tier_capacities"])),
+                         "/".join(str(lp["tier"].count(t)) for t in range(len(lp["tier_capacities"]))),
+                         f"{len(gs)} ({','.join(str(len(g['experts'])) for g in gs)})",
+                         f"{len(res)}/{len(gs)} ({sum(len(g['experts']) for g in res)} exp)",
+                         f"{sum(g['expected_tokens'] for g in res) / tok:.0%}" if tok else "-",
+                         _pct(lp.get("expected_padding")), _pct(lp.get("expected_drop_rate"))))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        table = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+        notes = [f"layer {lp['layer']}: {n}" for lp in self.layers for n in lp.get("notes", [])]
+        return head + table + ("\nnotes:\n  " + "\n  ".join(notes) if notes else "") + \
+            "\n(pad/drop: expected on the calibration counts; NPU tokens: share of kept tokens in resident groups)"
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _check_layer(lp: dict) -> None:
+    name = f"plan layer {lp.get('layer')}"
+    E, cap, tier, tc = lp["n_experts"], lp["capacity"], lp["tier"], lp["tier_capacities"]
+    if len(cap) != E or len(tier) != E:
+        raise NpuMoeError(f"{name}: capacity and tier need {E} entries, got {len(cap)} and {len(tier)}")
+    if min(cap) < 1:
+        raise NpuMoeError(f"{name}: capacities must be >= 1 (0 drops every token), got min {min(cap)}")
+    if any(cap[e] != tc[tier[e]] for e in range(E)):
+        raise NpuMoeError(f"{name}: an expert's capacity differs from its tier's capacity")
+    seen = sorted(e for g in lp["groups"] for e in g["experts"])
+    if seen != list(range(E)):
+        raise NpuMoeError(f"{name}: groups must hold every expert exactly once")
+    for g in lp["groups"]:
+        if any(cap[e] != g["capacity"] for e in g["experts"]):
+            raise NpuMoeError(f"{name}: group {g['id']} holds experts of another capacity")
+
+
+def _fingerprint(model) -> str:
+    return model_fingerprint(model)
+
+
+def _specs(profile, model_or_specs) -> list:
+    if model_or_specs is None:
+        if not profile.meta.get("layers"):
+            raise NpuMoeError("the profile stores no layer specs; pass the model or describe(model)")
+        return [SimpleNamespace(**d) for d in profile.meta["layers"]]
+    if isinstance(model_or_specs, (list, tuple)):
+        return list(model_or_specs)
+    fp = _fingerprint(model_or_specs)
+    if fp != profile.meta["model_fingerprint"]:
+        raise NpuMoeError(f"the calibration profile is of model {profile.meta['model_fingerprint'][:12]} but this "
+                          f"model is {fp[:12]}; calibrate this model first (npumoe-lab calibrate)")
+    return describe(model_or_specs)
+
+
+def _platform(platform):
+    if platform is None or not isinstance(platform, str):
+        return platform
+    return get_platform(platform)
+
+
+def build_plan(profile, model_or_specs=None, platform="m2-max", **knobs) -> Plan:
+    """Plan for every calibrated MoE layer. `profile`: a CalibrationProfile or its directory. `model_or_specs`:
+    the model (its fingerprint must match the profile's), a list of MoELayerSpec, or None (specs stored in the
+    profile). `platform` (name or Platform) gives the graph limits and the cost model; None = no device limits and
+    no cost model. `knobs`: any of `knobs.PlanKnobs` (tiers=3, percentile=90, group_size=8, ...: defaults and checks
+    live there). `residency=None`: "cost" (each group where the platform's model runs it faster), or "threshold"
+    when a hot_threshold is given (the ablation knob) or there is no platform; `hot_threshold=None` in threshold
+    mode = one balanced expert's load, chunk * top_k / n_experts. The graph byte budget counts the NPU's stored
+    weight size (platform npu.weight_bytes, e.g. 1 for int8), else dtype_bytes."""
+    if not isinstance(profile, CalibrationProfile):
+        profile = CalibrationProfile.load(profile)
+    PlanKnobs.check_names(knobs)
+    k = PlanKnobs(**knobs)
+    specs, plat = _specs(profile, model_or_specs), _platform(platform)
+    knobs = {n: v for n, v in k.as_dict().items() if n not in ("saliency", "renormalize")}
+    tiers, percentile, align, min_capacity, multipliers = k.tiers, k.percentile, k.align, k.min_capacity, k.multipliers
+    capacity_rule, uniform_slack, top_fraction, group_size, order = (k.capacity_rule, k.uniform_slack,
+                                                                      k.top_fraction, k.group_size, k.order)
+    strict, residency, hot_threshold, dtype_bytes = k.strict, k.residency, k.hot_threshold, k.dtype_bytes
+    saliency, renormalize, npu_memory_budget_bytes = k.saliency, k.renormalize, k.npu_memory_budget_bytes
+    if residency is None:
+        residency = "threshold" if hot_threshold is not None or plat is None else "cost"
+    elif residency == "cost" and hot_threshold is not None:
+        raise NpuMoeError(f"hot_threshold={hot_threshold} applies to residency 'threshold' only; pass "
+                          f"residency='threshold' with it, or drop it for the cost rule")
+    knobs["residency"] = residency
+    npu = getattr(plat, "npu", None)
+    limit = getattr(npu, "graph_limit_bytes", None)
+    max_dim = getattr(npu, "max_dim", None)
+    weight_size = getattr(npu, "weight_bytes", None) or dtype_bytes    # what the NPU graph stores per weight
+    layers, all_groups, flags = [], [], []
+    for spec in specs:
+        if spec.layer not in profile.layers:
+            raise NpuMoeError(f"MoE layer {spec.layer} is not in the calibration profile (layers {profile.layers}); "
+                              "calibrate this model")
+        counts = profile.count_matrix(spec.layer)
+        if counts.shape[0] > spec.n_experts:
+            raise NpuMoeError(f"layer {spec.layer}: the profile has {counts.shape[0]} experts, the model "
+                              f"{spec.n_experts}; calibrate this model")
+        counts = np.pad(counts, ((0, spec.n_experts - counts.shape[0]), (0, 0)))   # never-routed experts
+        assign = assign_tiers(counts, profile.chunk, spec.top_k, spec.n_experts, n_tiers=tiers,
+                              percentile=percentile, align=align, min_capacity=min_capacity, multipliers=multipliers,
+                              rule=capacity_rule, uniform_slack=uniform_slack, top_fraction=top_fraction)
+        kept = expected_kept_tokens(assign, counts)
+        coact = profile.coactivation_matrix(spec.layer) if order == "coactivation" else None
+        groups, notes = make_groups_with_notes(assign.tier, assign.capacity, kept, group_size, order, coact,
+                                               hidden=spec.hidden, intermediate=spec.intermediate,
+                                               dtype_bytes=weight_size, graph_limit_bytes=limit, max_dim=max_dim,
+                                               strict=strict)
+        thr = hot_threshold
+        if residency == "threshold" and thr is None:
+            thr = profile.chunk * spec.top_k / spec.n_experts
+        routed = counts.mean(axis=1)         # expected routed tokens per chunk per expert: the CPU's load
+        loads = [float(sum(routed[e] for e in g.experts)) for g in groups]
+        flags += assign_residency(groups, residency, thr, plat, spec, None, dtype_bytes, loads=loads)
+        all_groups += groups
+        layers.append({"layer": spec.layer, "n_experts": spec.n_experts, "top_k": spec.top_k, "hidden": spec.hidden,
+                       "intermediate": spec.intermediate, "capacity": assign.capacity.tolist(),
+                       "tier": assign.tier.tolist(), "tier_capacities": list(assign.tier_capacities),
+                       "groups": [g.to_dict() | {"expected_tokens": round(g.expected_tokens, 4)} for g in groups],
+                       "expected_padding": round(expected_padding(assign, counts), 6),
+                       "expected_drop_rate": round(expected_drop_rate(assign, counts), 6),
+                       "hot_threshold": thr, "notes": notes})
+    flags = iter(fit_budget(all_groups, flags, npu_memory_budget_bytes))   # one budget over all layers
+    for lp in layers:
+        for g in lp["groups"]:
+            g["resident"] = bool(next(flags))
+    meta = profile.meta
+    return Plan(model_fingerprint=meta["model_fingerprint"], chunk=profile.chunk, saliency=saliency,
+                renormalize=bool(renormalize), platform=getattr(plat, "name", plat), knobs=knobs, layers=layers,
+                calibration={k: meta.get(k) for k in ("workload", "n_tokens", "n_chunks", "created", "model")})
+
+
+def variant_plan(profile, variant: str, model_or_specs=None, **knobs) -> Plan:
+    """The plan of a variant (variants.py): `knobs` (e.g. a plan's .knobs) with the variant's forced knobs on
+    top. Raises for variants that run without a plan (reference, cpu-only, anemll)."""
+    v = get_variant(variant)
+    if v.experts != "plan":
+        raise NpuMoeError(f"variant {variant!r} runs its experts without a plan ({v.experts}); nothing to build")
+    return build_plan(profile, model_or_specs, **{**knobs, **v.plan_overrides})
+
+
+# -- CLI -------------------------------------------------------------------------------------------------
+def _cli(args) -> int:
+    if args.show:
+        print(Plan.load(args.show).summary())
+        return 0
+    if not args.profile or not args.out:
+        raise NpuMoeError("plan needs --profile DIR and --out PLAN.json (or --show PLAN.json)")
+    model = load_model(args.model)[0] if args.model else None
+    kw = dict(knobs_from_args(args), platform=None if args.platform == "none" else args.platform)
+    plan = variant_plan(args.profile, args.variant, model, **kw) if args.variant else \
+        build_plan(args.profile, model, **kw)
+    plan.save(args.out)
+    print(plan.summary())
+    print(f"wrote {args.out}")
+    return 0
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser("plan", help="build a static capacity/group/residency plan from a calibration profile")
+    p.add_argument("--profile", help="calibration profile directory (npumoe-lab calibrate --out)")
+    p.add_argument("--out", help="plan JSON to write")
+    p.add_argument("--show", metavar="PLAN.json", help="print the summary of an existing plan and exit")
+    p.add_argument("--model", help="check the profile against this model ('tiny' or a directory)")
+    p.add_argument("--variant", help="force a variant's knobs (npumoe-base, npumoe-t, npumoe-tg, npumoe, naive-npu)")
+    p.add_argument("--platform", default="m2-max", help="platform name, or 'none' for no device limits")
+    add_knob_arguments(p)
+    p.set_defaults(func=_cli)

@@ -1,0 +1,86 @@
+"""Load-aware graph residency (PAPER.md 3.4): which expert groups keep a compiled graph on the NPU.
+
+Modes (`RESIDENCY_MODES`):
+- `threshold`: a group is resident when its expected kept tokens per chunk >= `hot_threshold` (the knob the
+  ablation sweeps).
+- `cost` (the default of build_plan): a group is resident only when one NPU call over its static [G, C, hidden]
+  buffer (the platform's estimate: dispatch + sync + compute at the GEMM's shape, weights at the NPU's
+  weight_bytes) is strictly faster than the CPU running the same experts at its expected load (the tokens routed
+  to it, not the padded capacity; one CPU op call per expert, as the engine's cold path runs them). A group
+  expecting no tokens stays on the CPU. Why this never loses to all-resident in the model: the layer's experts
+  take max(NPU queue, CPU cold op); moving groups whose CPU time is below their NPU time shortens the NPU queue
+  and adds less than it removed to the CPU side (a combined op costs at most the sum of its parts).
+- `all`: every group is resident (npumoe-base/-t/-tg, naive-npu).
+In every mode the resident set is then fitted into `npu_memory_budget_bytes` (when given) greedily by expected
+tokens per weight byte: a group that does not fit is skipped and smaller ones are still tried.
+"""
+from __future__ import annotations
+
+import math
+
+from npumoe_lab.devices.cost import expert_ffn_cost
+from npumoe_lab.errors import NpuMoeError
+
+RESIDENCY_MODES = ("threshold", "cost", "all")
+
+
+def group_times(group, platform, hidden: int, intermediate: int, dtype_bytes: int = 2,
+                load: float | None = None) -> tuple[float, float]:
+    """(modeled NPU seconds for one call over the padded group, modeled CPU seconds for `load` tokens in all,
+    default the group's expected kept tokens)."""
+    g = len(group.experts)
+    npu_wb = getattr(platform.npu, "weight_bytes", None)
+    npu = platform.npu.estimate(expert_ffn_cost(g, int(group.capacity), hidden, intermediate, dtype_bytes,
+                                                weight_bytes=npu_wb))
+    load = group.expected_tokens if load is None else load
+    if load <= 0:
+        return npu, 0.0
+    # the CPU runs the same weights over `load` rows in all, one op call per expert (the engine's cold path)
+    per_expert = max(1, math.ceil(load / g))
+    cpu = platform.cpu.estimate(expert_ffn_cost(g, per_expert, hidden, intermediate, dtype_bytes, calls=g,
+                                                weight_bytes=getattr(platform.cpu, "weight_bytes", None)))
+    return npu, cpu
+
+
+def fit_budget(groups, resident: list[bool], budget_bytes: int | None) -> list[bool]:
+    """Keep the resident groups with the most expected tokens per byte that fit in budget_bytes."""
+    if budget_bytes is None:
+        return list(resident)
+    if budget_bytes < 0:
+        raise NpuMoeError(f"npu_memory_budget_bytes must be >= 0, got {budget_bytes}")
+    order = sorted((i for i, r in enumerate(resident) if r),
+                   key=lambda i: (-groups[i].expected_tokens / max(groups[i].weight_bytes, 1), groups[i].id))
+    out, used = [False] * len(groups), 0
+    for i in order:
+        if used + groups[i].weight_bytes <= budget_bytes:
+            out[i], used = True, used + groups[i].weight_bytes
+    return out
+
+
+def assign_residency(groups, mode: str = "threshold", hot_threshold: float | None = None, platform=None,
+                     spec=None, npu_memory_budget_bytes: int | None = None, dtype_bytes: int = 2,
+                     loads=None) -> list[bool]:
+    """One flag per group (True = resident on the NPU, False = runs on the CPU). `loads` (cost mode): expected
+    tokens per chunk each group would take on the CPU (the routed load: the CPU path drops nothing); default
+    each group's expected kept tokens."""
+    if mode not in RESIDENCY_MODES:
+        raise NpuMoeError(f"unknown residency mode {mode!r}; use one of: {', '.join(RESIDENCY_MODES)}")
+    if mode == "all":
+        resident = [True] * len(groups)
+    elif mode == "threshold":
+        if hot_threshold is None or hot_threshold < 0:
+            raise NpuMoeError(f"residency 'threshold' needs hot_threshold >= 0 (expected tokens per chunk of a "
+                              f"group), got {hot_threshold!r}")
+        resident = [g.expected_tokens >= hot_threshold for g in groups]
+    else:
+        if platform is None or spec is None:
+            raise NpuMoeError("residency 'cost' needs a platform (e.g. get_platform('m2-max')) and the layer's "
+                              "MoELayerSpec; pass both or use mode='threshold'")
+        if loads is not None and len(loads) != len(groups):
+            raise NpuMoeError(f"residency 'cost' got {len(loads)} loads for {len(groups)} groups; pass one per group")
+        resident = []
+        for i, g in enumerate(groups):
+            load = g.expected_tokens if loads is None else float(loads[i])
+            npu, cpu = group_times(g, platform, spec.hidden, spec.intermediate, dtype_bytes, load)
+            resident.append(load > 0 and npu < cpu)
+    return fit_budget(groups, resident, npu_memory_budget_bytes)

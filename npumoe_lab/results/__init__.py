@@ -1,0 +1,1 @@
+"""Results: the atomic parquet store, output folders, result-row metrics and exact accuracy statistics."""

@@ -1,0 +1,1 @@
+"""Studies built on the engine: accuracy harness, drift-adaptive runs, knob tuning."""

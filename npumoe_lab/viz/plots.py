@@ -1,0 +1,316 @@
+"""Paper figures from result rows (the DataFrame of `experiments.load_results`).
+
+Every figure function takes the results frame and returns a matplotlib Figure built without pyplot (no global
+state, renders headless like Agg, still displays inline in Jupyter). Points/bars are medians over `repeat`, error
+bars span the interquartile range of the repeats. Every panel that shows time or energy carries the source of
+that metric for exactly the rows it draws ("measured (host Y)", "modeled (platform X)", "measured (host Y) time x
+modeled power (platform cpu)", ...): a modeled number is never shown as if measured. Layout rules (colour =
+variant, facets for the rest, log axes over decades): see `plot_helpers`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from npumoe_lab.viz import plot_helpers as pk
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.viz.plot_helpers import FACETS, LABELS, SOURCE_GID, VARIANT_ORDER  # noqa: F401 - public names
+from npumoe_lab.viz.timeline import timeline  # noqa: F401 - the prefill Gantt chart (plots_timeline.py)
+
+PAPER_ABLATION = {"npumoe-base": 1.00, "npumoe-t": 1.48, "npumoe-tg": 2.11, "npumoe": 2.89}  # §5.8 TTFT speedup
+
+
+@pk.styled
+def plot_baselines(df: pd.DataFrame):
+    """Paper main figure: TTFT, energy per token and CPU cycles per variant, one row of panels per platform (and
+    per workload / prompt length / chunk that varies); bars = medians, whiskers = IQR over repeats."""
+    metrics = pk.available(df, ("ttft_s", "energy_per_token_mj", "cpu_cycles"), "baselines", need=("variant",))
+    facets = pk.facets(pk.default_knobs(df.dropna(subset=metrics, how="all")))
+    fig, axes = pk.figure(len(facets), len(metrics), 3.0, 2.2)
+    for r, (title, sub) in enumerate(facets):
+        for c, metric in enumerate(metrics):
+            pk.hbars(axes[r][c], pk.stats(sub, metric), metric, title, names=c == 0)
+    return fig
+
+
+def _drop_rates(sub) -> dict:
+    """variant -> median drop rate: speedups of steps that drop different shares compare different accuracy
+    points, so each bar says its drop rate."""
+    if "drop_rate" not in sub.columns or not sub["drop_rate"].notna().any():
+        return {}
+    return {v: x for v, x in sub.groupby("variant")["drop_rate"].median().items() if pd.notna(x)}
+
+
+@pk.styled
+def plot_ablation(df: pd.DataFrame):
+    """TTFT speedup of npumoe-base/-t/-tg/npumoe over npumoe-base (each facet against its own base), with the
+    paper's 1.00/1.48/2.11/2.89 as black ticks and each step's drop rate in its label."""
+    pk.available(df, ("ttft_s",), "ablation", need=("variant",))
+    sub_all = pk.default_knobs(df[df["variant"].isin(list(PAPER_ABLATION)) & df["ttft_s"].notna()])
+    if "npumoe-base" not in set(sub_all["variant"]) or sub_all["variant"].nunique() < 2:
+        raise NpuMoeError("figure ablation needs ttft_s rows of npumoe-base and at least one of npumoe-t, "
+                          "npumoe-tg, npumoe; run those variants first")
+    facets = [(t, g) for t, g in pk.facets(sub_all) if "npumoe-base" in set(g["variant"])]
+    ncols = min(len(facets), 2)
+    nrows = -(-len(facets) // ncols)
+    fig, axes = pk.figure(nrows, ncols, 3.4, 2.4)
+    for i, (title, sub) in enumerate(facets):
+        ax = axes[i // ncols][i % ncols]
+        st = pk.stats(sub, "ttft_s")
+        base = float(st.loc[st["variant"] == "npumoe-base", "median"].iloc[0])
+        # speedup = base / t: the fastest repeats give the highest speedups
+        st = st.assign(median=base / st["median"], lo=base / st["hi"], hi=base / st["lo"])
+        pk.hbars(ax, st, None, title, source=pk.metric_source(sub, "ttft_s"),
+                 xlabel="TTFT speedup vs npumoe-base (×)\nblack ticks: paper (NPUMoE §5.8)")
+        order = pk.variant_order(st["variant"])
+        if i % ncols:
+            ax.set_yticklabels([""] * len(order))      # the row's first panel names the variants
+        for y, v in enumerate(order):                  # each step's drop rate, at the foot of its bar
+            if v in (drops := _drop_rates(sub)):
+                ax.annotate(f"drop {100 * drops[v]:.1f}%", (0, y), xytext=(2, 0), textcoords="offset points",
+                            va="center", fontsize=5, color="0.15")
+        ax.scatter([PAPER_ABLATION[v] for v in order], range(len(order)), marker="|", s=120, linewidths=2,
+                   color="black", zorder=4)
+        ax.axvline(1.0, color="0.5", lw=0.8, ls=":")
+    for j in range(len(facets), nrows * ncols):
+        axes[j // ncols][j % ncols].set_visible(False)
+    return fig
+
+
+@pk.styled
+def plot_accuracy(df: pd.DataFrame):
+    """Accuracy delta vs reference (exact 95 % bounds from the discordant pairs where stored, else the bootstrap
+    CI), next-token top-1 agreement and KL against drop rate. Where task scores saturate (nothing changes at
+    this n) agreement and KL are the measures that move."""
+    pk.available(df, ("accuracy_delta",), "accuracy", need=("drop_rate",))
+    ys = [m for m in ("accuracy_delta", "top1_agree", "kl") if m in df.columns and df[m].notna().any()]
+    return _scatter(df, "drop_rate", ys)
+
+
+@pk.styled
+def plot_tiers(df: pd.DataFrame):
+    """Padding vs drop rate (one point per configuration, e.g. per number of tiers)."""
+    pk.available(df, ("pad_rate",), "tiers", need=("drop_rate",))
+    return _scatter(df, "drop_rate", ["pad_rate"])
+
+
+@pk.styled
+def plot_grouping(df: pd.DataFrame):
+    """Group size vs TTFT, energy per token and NPU calls."""
+    return _sweep_lines(df, "group_size", ("ttft_s", "energy_per_token_mj", "n_npu_calls"), "grouping")
+
+
+@pk.styled
+def plot_residency(df: pd.DataFrame):
+    """Hot threshold vs TTFT and energy per token."""
+    return _sweep_lines(df, "hot_threshold", ("ttft_s", "energy_per_token_mj"), "residency")
+
+
+def shared_vmax(profiles) -> float | None:
+    """The largest load share over several profiles: the top of one colour scale for all their heatmaps."""
+    return max((float(np.nanmax(_load_share(p).to_numpy())) for p in profiles), default=None)
+
+
+def _load_share(profile) -> pd.DataFrame:
+    counts = getattr(profile, "counts", profile)
+    if isinstance(counts, (str, Path)):
+        counts = pd.read_parquet(Path(counts) / "counts.parquet" if Path(counts).is_dir() else counts)
+    if not isinstance(counts, pd.DataFrame) or not {"layer", "expert", "count"} <= set(counts.columns):
+        raise NpuMoeError("plot_popularity_heatmap needs a CalibrationProfile, its folder, or a DataFrame with "
+                          "columns layer, expert, count")
+    load = counts.groupby(["expert", "layer"])["count"].sum().unstack("layer").fillna(0.0)
+    return 100.0 * load / load.sum(axis=0).replace(0, np.nan)
+
+
+@pk.styled
+def plot_popularity_heatmap(profile, vmax: float | None = None):
+    """Experts x layers load share from a calibration profile (object with `.counts`, a counts DataFrame with
+    columns layer, expert, count, or a profile folder holding counts.parquet). `vmax`: the top of the colour
+    scale, to compare several heatmaps on one scale (plot_popularity_heatmaps does that)."""
+    return plot_popularity_heatmaps.__wrapped__({"": profile}, vmax=vmax)
+
+
+@pk.styled
+def plot_popularity_heatmaps(profiles: dict, vmax: float | None = None):
+    """One panel per calibration source ({name: profile}), all on ONE colour scale (0..vmax, default the largest
+    share of any panel), so that their colours compare."""
+    shares = {name: _load_share(p) for name, p in profiles.items()}
+    top = vmax if vmax is not None else max(float(np.nanmax(sh.to_numpy())) for sh in shares.values())
+    first = next(iter(shares.values()))
+    w, h = max(2.4, 0.3 * first.shape[1] + 1.2), max(3.0, 0.09 * first.shape[0] + 1.6)
+    fig, axes = pk.figure(1, len(shares), w, h)
+    for ax, (name, share) in zip(axes[0], shares.items()):
+        im = ax.imshow(share.to_numpy(), aspect="auto", cmap="viridis", interpolation="nearest", vmin=0.0, vmax=top)
+        ax.set_xlabel("layer (index)")
+        ax.set_ylabel("expert (index)")
+        ax.set_xticks(range(share.shape[1]), [str(c) for c in share.columns])
+        step = max(1, share.shape[0] // 8)           # a readable number of expert ticks
+        ax.set_yticks(list(range(0, share.shape[0], step)), [str(share.index[i]) for i in range(0, share.shape[0], step)])
+        ax.grid(False)
+        ax.set_title(name or "expert popularity (calibration)", fontsize=7)
+    fig.colorbar(im, ax=list(axes[0]), label="load share (% of layer's assignments)", location="bottom",
+                 shrink=0.8, aspect=30)
+    return fig
+
+
+def save_figure(fig, out_dir, name: str, dpi: int = 200) -> list[Path]:
+    """Save `fig` as out_dir/name.pdf and .png (atomically); return both paths."""
+    # lazy: experiments imports plots' users; loaded only when figures are written
+    from npumoe_lab.results.atomic import atomic_open
+
+    paths = []
+    for ext in ("pdf", "png"):
+        path = Path(out_dir) / f"{name}.{ext}"
+        with atomic_open(path, "wb") as fh:
+            fig.savefig(fh, format=ext, dpi=dpi, bbox_inches="tight")
+        paths.append(path)
+    return paths
+
+
+FIGURES = {"baselines": plot_baselines, "ablation": plot_ablation, "accuracy": plot_accuracy,
+           "tiers": plot_tiers, "grouping": plot_grouping, "residency": plot_residency}
+
+
+def make_all_figures(results_dir, out_dir, log=print, dpi: int = 200) -> list[Path]:
+    """Every figure the results have columns for (+ a heatmap per calibration profile found); others are
+    skipped with the reason logged. Returns the written PDF and PNG paths."""
+    # lazy: experiments imports plots' users; loaded only when figures are written
+    from npumoe_lab.results.store import load_results
+
+    profiles = sorted(p.parent for p in Path(results_dir).rglob("counts.parquet")
+                      if not any(part.startswith((".", "_")) for part in p.relative_to(results_dir).parts))
+    try:
+        df = load_results(results_dir)
+    except NpuMoeError:
+        if not profiles:
+            raise
+        df = None
+    paths, skipped = [], []
+    for name, fn in FIGURES.items():
+        try:
+            fig = fn(df) if df is not None else None
+        except NpuMoeError as exc:
+            skipped.append(f"{name}: {exc}")
+            continue
+        if fig is not None:
+            paths += save_figure(fig, out_dir, name, dpi)
+    top = shared_vmax(profiles)
+    for prof in profiles:   # one file each, all on one colour scale
+        suffix = "" if len(profiles) == 1 else f"-{prof.name}"
+        paths += save_figure(plot_popularity_heatmap(prof, vmax=top), out_dir, f"popularity{suffix}", dpi)
+    from npumoe_lab.viz.timeline import timeline_figures   # timeline-*.png per prefill with a --timeline file
+    paths += timeline_figures(results_dir, out_dir, df, dpi=dpi, log=log)
+    for line in skipped:
+        log(f"skipped {line}")
+    if not paths:
+        raise NpuMoeError(f"no figure can be made from {results_dir}: " + "; ".join(skipped))
+    return paths
+
+
+def _ci_columns(sub, metric):
+    if metric != "accuracy_delta":
+        return None
+    for lo, hi in (("accuracy_exact_low", "accuracy_exact_high"), ("accuracy_ci_low", "accuracy_ci_high")):
+        if lo in sub.columns and hi in sub.columns and sub[lo].notna().any():
+            return lo, hi
+    return None
+
+
+def _y_label(sub, metric, ci) -> str:
+    label, _ = LABELS[metric]
+    if metric == "accuracy_delta" and "score_name" in sub.columns and (sub["score_name"] == "nll").all():
+        label = "NLL delta vs reference (nats/token)"
+    if ci:
+        label += "\n" + ("exact 95% bounds (Clopper-Pearson)" if ci[0] == "accuracy_exact_low" else "bootstrap 95% CI")
+    return label
+
+
+def _scatter(df, x, ys):
+    """y metrics against x, one row of panels per facet, colour = variant, one figure legend."""
+    facets = pk.facets(df.dropna(subset=[x]).dropna(subset=ys, how="all"))
+    # one metric: facets wrap into two columns; several: one row of metrics per facet
+    wrap = 2 if len(ys) == 1 and len(facets) > 1 else None
+    shape = (-(-len(facets) // wrap), wrap) if wrap else (len(facets), len(ys))
+    fig, axes = pk.figure(*shape, 3.0, 2.4)
+    for j in range(len(facets), shape[0] * shape[1] if wrap else 0):
+        axes[j // wrap][j % wrap].set_visible(False)
+    variants, knob_entries = set(), {}
+    for r, (title, sub) in enumerate(facets):
+        keys = pk.config(sub)
+        sx = pk.stats(sub, x)
+        for c, y in enumerate(ys):
+            ax = axes[r // wrap][r % wrap] if wrap else axes[r][c]
+            st = pk.stats(sub, y).merge(sx, on=keys, suffixes=("", "_x"))
+            ci = _ci_columns(sub, y)
+            if ci:  # the stored bounds beat the spread of repeats
+                cis = sub.groupby(keys, dropna=False)[list(ci)].median().reset_index()
+                st = st.merge(cis, on=keys, how="left")
+                st["lo"] = st[ci[0]].fillna(st["lo"])
+                st["hi"] = st[ci[1]].fillna(st["hi"])
+            xs, ysc = LABELS[x][1], (1.0 if y == "accuracy_delta" and _y_label(sub, y, None).startswith("NLL")
+                                     else LABELS[y][1])
+            knob = pk.inner_knob(st)
+            marks = pk.knob_markers(st[knob]) if knob else {}
+            for v in pk.variant_order(st["variant"]):
+                s = st[st["variant"] == v].sort_values("median_x")
+                yerr = np.clip([(s["median"] - s["lo"]) * ysc, (s["hi"] - s["median"]) * ysc], 0, None)
+                xerr = np.clip([(s["median_x"] - s["lo_x"]) * xs, (s["hi_x"] - s["median_x"]) * xs], 0, None)
+                ax.errorbar(s["median_x"] * xs, s["median"] * ysc, yerr=yerr, xerr=xerr, fmt="-" if marks else "o-",
+                            ms=3, lw=0.8, capsize=2, color=pk.color_of(v))
+                for val, m in marks.items():   # the knob's value as the marker shape
+                    k = pk.knob_rows(s, knob, val)
+                    ax.scatter(k["median_x"] * xs, k["median"] * ysc, marker=m, s=14, color=pk.color_of(v), zorder=3)
+                variants.add(v)
+            if marks:
+                knob_entries.update({f"{knob} = {val:g}" if isinstance(val, (int, float)) else f"{knob} = {val}": m
+                                     for val, m in marks.items()})
+            if y == "accuracy_delta":
+                ax.axhline(0.0, color="0.5", lw=0.8, ls=":")
+            ax.set_xlabel(LABELS[x][0])
+            ax.set_ylabel(_y_label(sub, y, ci))
+            pk.auto_scale(ax, st["median"] * ysc, "y")
+            pk.finish(ax, title, None)
+    from matplotlib.lines import Line2D
+    pk.variant_legend(fig, variants, [(Line2D([], [], marker=m, ls="none", color="0.3", ms=4), label)
+                                      for label, m in knob_entries.items()])
+    return fig
+
+
+def _sweep_lines(df, x, metrics, figure):
+    have = pk.available(df, metrics, figure, need=(x,))
+    facets = pk.facets(df.dropna(subset=[x]).dropna(subset=have, how="all"))
+    fig, axes = pk.figure(len(facets), len(have), 3.0, 2.4)
+    variants = set()
+    for r, (title, sub) in enumerate(facets):
+        for c, metric in enumerate(have):
+            st = pk.stats(sub, metric)
+            label, scale = LABELS[metric]
+            ax = axes[r][c]
+            for v in pk.variant_order(st["variant"]):
+                s = st[st["variant"] == v].sort_values(x)
+                y = s["median"] * scale
+                ax.errorbar(s[x], y, yerr=np.clip([y - s["lo"] * scale, s["hi"] * scale - y], 0, None), fmt="o-",
+                            ms=3, lw=0.8, capsize=2, color=pk.color_of(v))
+                variants.add(v)
+            ax.set_xlabel(LABELS[x][0])
+            ax.set_ylabel(label)
+            pk.auto_scale(ax, st[x], "x")
+            pk.auto_scale(ax, st["median"] * scale, "y")
+            pk.finish(ax, title, st.attrs.get("source"))
+    pk.variant_legend(fig, variants)
+    return fig
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser("figures", help="make every paper figure the results allow (PDF + PNG)")
+    p.add_argument("results", help="results folder (rows from `npumoe-lab run` / `sweep`)")
+    p.add_argument("--out", required=True, help="folder for the figures")
+    p.set_defaults(func=_cli)
+
+
+def _cli(args) -> int:
+    for path in make_all_figures(args.results, args.out):
+        print(path)
+    return 0
