@@ -49,7 +49,7 @@ def _step(model, token_ids, cache):
     return out.logits, out.cache
 
 
-def greedy_against(model, last_logits, cache, n_prompt: int, ref_ids: list[int], max_new: int, eos) -> list[int]:
+def greedy_against(model, last_logits, cache, ref_ids: list[int], max_new: int, eos) -> list[int]:
     """Greedy continuation of a prefill (its last logits [V] and cache), found by checking the reference's
     continuation `ref_ids` in one forward and decoding step by step only after the first disagreement.
     Stopping as `evaluate_sample`: at eos or after max_new tokens."""
@@ -63,7 +63,9 @@ def greedy_against(model, last_logits, cache, n_prompt: int, ref_ids: list[int],
         if diff is None:
             return list(ref_ids)
         gen, nxt = list(ref_ids[:diff + 1]), pred[diff]
-        cache.crop(n_prompt + diff + 1)            # keep the prompt and the agreed tokens
+        extra = len(ref_ids) - 1 - (diff + 1)      # keep the prompt and the agreed tokens only
+        if extra:
+            cache.crop(-extra)                     # (transformers' crop takes a negative count here)
     for step in range(len(gen), max_new):
         gen.append(nxt)
         if nxt == eos or step == max_new - 1:
@@ -82,8 +84,8 @@ def plan_outcome(model, tokenizer, sample, workload, res, ref: ReferenceRecord) 
         top1 = float((res.logits[0].argmax(-1) == ref.top1).float().mean())
         nll = prompt_nll(res.logits, sample.input_ids)
         if sample.kind == "generate":
-            gen = greedy_against(model, res.logits[0, -1], res.past_key_values, len(sample.input_ids),
-                                 ref.generated or [], workload.max_new_tokens, getattr(tokenizer, "eos_token_id", None))
+            gen = greedy_against(model, res.logits[0, -1], res.past_key_values, ref.generated or [],
+                                 workload.max_new_tokens, getattr(tokenizer, "eos_token_id", None))
             score = float(workload.score_generation(sample, tokenizer.decode(gen, skip_special_tokens=True)))
         else:
             score = float(evaluate_sample(model, tokenizer, sample, workload,

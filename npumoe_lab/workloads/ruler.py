@@ -7,7 +7,6 @@ pieces) followed by (query, answer) pairs. Evaluation uses one query and stops b
 """
 from __future__ import annotations
 
-import math
 import random
 import re
 from dataclasses import dataclass, field
@@ -58,15 +57,15 @@ class TaskSeq:
         return ids, mask
 
 
-def random_keys(rng: random.Random, n: int, key_words: int | None = None) -> list[str]:
-    """n distinct 'adjective-noun' keys; `key_words` draws them from only that many adjectives and nouns (the
-    same words in several keys: distractors that share half of the asked key)."""
+def random_keys(rng: random.Random, n: int, key_nouns: int | None = None) -> list[str]:
+    """n distinct 'adjective-noun' keys; `key_nouns` draws the nouns from only that many (keys then share their
+    last word, the one right before 'is:', so matching it alone no longer finds the asked needle)."""
     adjs, nouns = ADJECTIVES, NOUNS
-    if key_words is not None:
-        if key_words * key_words < n:
-            raise NpuMoeError(f"key_words={key_words} makes only {key_words ** 2} distinct keys for {n} needles; "
-                              f"use key_words >= {math.ceil(math.sqrt(n))} or fewer needles")
-        adjs, nouns = rng.sample(ADJECTIVES, key_words), rng.sample(NOUNS, key_words)
+    if key_nouns is not None:
+        if key_nouns * len(ADJECTIVES) < n:
+            raise NpuMoeError(f"key_nouns={key_nouns} makes only {key_nouns * len(ADJECTIVES)} distinct keys for "
+                              f"{n} needles; use more key_nouns or fewer needles")
+        nouns = rng.sample(NOUNS, key_nouns)
     pairs = set()
     while len(pairs) < n:
         pairs.add(f"{rng.choice(adjs)}-{rng.choice(nouns)}")
@@ -93,10 +92,10 @@ def _fill(rng, tok, hay: Haystack, total: int, head: list[int], pieces: list[lis
 
 def build_multikey(tok, rng: random.Random, hay: Haystack, total_len: int, n_needles: int = 4,
                    n_queries: int = 1, answered_last: bool = False, domain: str | None = None,
-                   key_words: int | None = None) -> TaskSeq:
+                   key_nouns: int | None = None) -> TaskSeq:
     """total_len counts the context + all queries (+ all answers if answered_last; else the last answer is
-    excluded: evaluation prompt). `key_words`: see random_keys."""
-    keys = random_keys(rng, n_needles, key_words)
+    excluded: evaluation prompt). `key_nouns`: see random_keys."""
+    keys = random_keys(rng, n_needles, key_nouns)
     values = [str(v) for v in random_values(rng, n_needles, 100_000, 9_999_999)]
     needles = [encode(tok, MK_NEEDLE.format(key=k, value=v)) for k, v in zip(keys, values)]
     asked = rng.sample(range(n_needles), min(n_queries, n_needles))
@@ -179,21 +178,21 @@ class MultiKey(Workload):
     metric = "exact_match"
     chance = 0.0
 
-    def __init__(self, n_needles: int = 4, key_words: int | None = None):
+    def __init__(self, n_needles: int = 4, key_nouns: int | None = None):
         """Difficulty knobs: `n_needles` key-value needles in the haystack (one is asked; the rest distract);
-        `key_words`: keys drawn from only that many adjectives and nouns (None: all 40), so distractor keys share
-        a word with the asked one."""
+        `key_nouns`: keys drawn from only that many nouns (None: all 40), so distractor keys end like the asked
+        one."""
         self.n_needles = check_count("ruler-multikey", "n_needles", n_needles)
-        self.key_words = None if key_words is None else check_count("ruler-multikey", "key_words", key_words)
-        if self.key_words is not None and self.key_words ** 2 < self.n_needles:
-            raise NpuMoeError(f"ruler-multikey: key_words={key_words} makes only {key_words ** 2} distinct keys "
-                              f"for {n_needles} needles; use key_words >= {math.ceil(math.sqrt(n_needles))}")
+        self.key_nouns = None if key_nouns is None else check_count("ruler-multikey", "key_nouns", key_nouns)
+        if self.key_nouns is not None and self.key_nouns * len(ADJECTIVES) < self.n_needles:
+            raise NpuMoeError(f"ruler-multikey: key_nouns={key_nouns} makes only {key_nouns * len(ADJECTIVES)} "
+                              f"distinct keys for {n_needles} needles; use more key_nouns")
 
     min_prompt_len = 256
 
     def haystack_sample(self, tokenizer, rng, hay, prompt_len: int, i: int) -> Sample:
         t = build_multikey(tokenizer, rng, hay, prompt_len, self.n_needles, n_queries=1,
-                           domain=hay.domains[i % len(hay.domains)], key_words=self.key_words)
+                           domain=hay.domains[i % len(hay.domains)], key_nouns=self.key_nouns)
         q, _, ans = t.queries[-1]
         key = t.meta["keys"][t.meta["asked"][-1]]
         return Sample(t.context + q, "generate", answer=ans,
