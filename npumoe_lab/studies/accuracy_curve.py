@@ -232,8 +232,16 @@ def _difficulty(items, workloads) -> dict:
         if task not in workloads:
             raise NpuMoeError(f"--difficulty {item!r} names {task!r}, which is not among --workload "
                               f"{','.join(workloads)}")
-        out.setdefault(task, {})[key] = None if val == "none" else (int(val) if val.lstrip("-").isdigit() else val)
+        out.setdefault(task, {})[key] = _value(val)
     return out
+
+
+def _value(text: str):
+    """A --difficulty value: none / true / false, an int where it parses as one, else the string."""
+    special = {"none": None, "true": True, "false": False}
+    if text.lower() in special:
+        return special[text.lower()]
+    return int(text) if text.lstrip("-").isdigit() else text
 
 
 def _cli(args) -> int:

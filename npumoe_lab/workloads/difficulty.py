@@ -25,9 +25,9 @@ class Difficulty:
 
 # measured on the bundled tiny model, seed 0, CPU (see README); ref_score filled from the n = 300 runs
 TINY_DIFFICULTY: dict[str, Difficulty] = {
-    "ruler-multikey": Difficulty(512, {"n_needles": 24}),
-    "ruler-vt": Difficulty(512, {"n_vars": 4, "n_chains": 8}),
-    "fewshot-cls": Difficulty(512, {"snippet": 12}),
+    "ruler-multikey": Difficulty(512, {"n_needles": 16, "key_nouns": 2}),
+    "ruler-vt": Difficulty(512, {"n_vars": 4, "n_chains": 4, "vary_len": True}),
+    "fewshot-cls": Difficulty(512, {"query_len": 8}),
     "lm-next": Difficulty(512, {"top_k": 2}),
 }
 DEFAULT_TASKS = tuple(TINY_DIFFICULTY)

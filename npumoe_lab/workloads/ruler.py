@@ -213,16 +213,20 @@ class VariableTracking(Workload):
     metric = "exact_match"
     chance = 0.0
 
-    def __init__(self, n_vars: int = 3, n_chains: int = 2):
-        """Difficulty knobs: `n_vars` hops per chain, `n_chains` chains (one is asked; the rest distract)."""
+    def __init__(self, n_vars: int = 3, n_chains: int = 2, vary_len: bool = False):
+        """Difficulty knobs: `n_vars` hops per chain, `n_chains` chains (one is asked; the rest distract);
+        `vary_len`: each chain 2..n_vars+1 hops long instead (a mix of easy and hard chains)."""
         self.n_vars = check_count("ruler-vt", "n_vars", n_vars)
         self.n_chains = check_count("ruler-vt", "n_chains", n_chains)
+        if not isinstance(vary_len, bool):
+            raise NpuMoeError(f"ruler-vt: vary_len must be True or False; got {vary_len!r}")
+        self.vary_len = vary_len
 
     min_prompt_len = 256
 
     def haystack_sample(self, tokenizer, rng, hay, prompt_len: int, i: int) -> Sample:
         t = build_vt(tokenizer, rng, hay, prompt_len, self.n_vars, self.n_chains, n_queries=1,
-                     domain=hay.domains[i % len(hay.domains)])
+                     domain=hay.domains[i % len(hay.domains)], vary_len=self.vary_len)
         q, _, ans = t.queries[-1]
         c = t.meta["asked"][-1]
         return Sample(t.context + q, "generate", answer=ans,
