@@ -253,7 +253,7 @@ def _cli(args) -> int:
                         platform=args.platform, chunk=args.chunk, variant=args.variant, seed=args.seed,
                         calib_workload=args.calib_workload, calib_tokens=args.calib_tokens,
                         threads=args.threads)
-    print("\n".join(verdict_lines(verdict(rows, samples))))
+    print("\n".join(verdict_lines(verdict(rows, samples), rows)))
     if args.out:
         print(f"wrote {args.out}/curve.csv, samples.csv, ACCURACY.md, accuracy_curve.png/.pdf")
     return 0

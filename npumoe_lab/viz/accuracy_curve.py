@@ -3,6 +3,7 @@ MEASURED drop rate, a band from the exact 95 % bounds, saliency rule by colour (
 1.1-point loss line dashed. A second row: prompt-NLL change, the measure that moves when few samples flip."""
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -16,7 +17,7 @@ RULE_COLORS = {"weight_x_norm": "#1f77b4", "router_weight": "#2ca02c", "activati
 @pk.styled
 def plot_accuracy_curve(rows: pd.DataFrame, loss_target: float = 0.011):
     tasks = list(dict.fromkeys(rows.workload))
-    fig, axes = pk.figure(2, len(tasks), 2.3, 1.9)
+    fig, axes = pk.figure(2, len(tasks), max(2.4, 4.8 / len(tasks)), 1.75)   # one task: a wide panel
     r0 = rows.iloc[0]
     for j, wl in enumerate(tasks):
         g = rows[rows.workload == wl]
@@ -28,21 +29,25 @@ def plot_accuracy_curve(rows: pd.DataFrame, loss_target: float = 0.011):
             top.plot(x, 100 * s.accuracy_delta, marker="o", ms=3, color=c, lw=1.2, label=rule)
             bottom.fill_between(x, s.nll_delta_ci_low, s.nll_delta_ci_high, color=c, alpha=0.18, lw=0)
             bottom.plot(x, s.nll_delta, marker="o", ms=3, color=c, lw=1.2, label=rule)
+        for ax in (top, bottom):      # the paper's 10-22 % dropped tokens
+            ax.axvspan(10, 22, color="#f2e6c9", alpha=0.5, lw=0, zorder=0,
+                       label="paper's drop range" if ax is top else None)
         top.axhline(0, color="0.3", lw=0.6)
         top.axhline(-100 * loss_target, color="#d62728", lw=0.8, ls="--", label=f"-{100 * loss_target:.1f} pts")
         bottom.axhline(0, color="0.3", lw=0.6)
         top.set_title(f"{wl}\n{g.difficulty.iloc[0]}; ref {g.ref_score.iloc[0]:.2f}", fontsize=6.5)
-        top.set_xlabel("drop rate, measured (%)")
         bottom.set_xlabel("drop rate, measured (%)")
+        top.sharex(bottom)
+        top.tick_params(labelbottom=False)
         if j == 0:
-            top.set_ylabel("accuracy change (pts)\nband: exact 95 % bounds")
-            bottom.set_ylabel("prompt NLL change\nband: bootstrap 95 % CI")
+            top.set_ylabel("accuracy change (pts)\n(exact 95 % bounds)")
+            bottom.set_ylabel("prompt NLL change\n(bootstrap 95 % CI)")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), frameon=False)
-    fig.suptitle(f"{r0.model}: accuracy vs drop rate of {r0.variant} plans (percentiles "
+    fig.suptitle("\n".join(textwrap.wrap(f"{r0.model}: accuracy vs drop rate of {r0.variant} plans (percentiles "
                  f"{', '.join(f'{p:g}' for p in sorted(rows.percentile.unique()))}), n = {int(r0.n_samples)} "
                  f"per task; prompt {', '.join(str(p) for p in sorted(rows.prompt_len.unique()))} tokens; "
-                 f"plans for {r0.platform}", fontsize=7)
+                 f"plans for {r0.platform}", int(42 * max(2.4, 4.8 / len(tasks)) * len(tasks) / 2.4))), fontsize=7)
     return fig
 
 
