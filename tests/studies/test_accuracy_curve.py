@@ -65,6 +65,26 @@ def test_safe_drop_stops_at_the_first_failing_plan():
     assert safe_drop(rows.assign(loss_under_target=False)) is None
 
 
+def test_rule_vs_control_is_paired_on_the_same_samples():
+    import pandas as pd
+    from npumoe_lab.studies.accuracy_verdict import rule_vs_control
+    n = 10
+    ref = [1] * n
+    sal = [1] * 8 + [0, 1]             # sample 8 lost
+    rnd = [0, 0, 0] + [1] * 5 + [1, 0]  # samples 0-2 and 9 lost, sample 8 kept
+    samples = pd.DataFrame(
+        [dict(workload="t", saliency=r, percentile=50.0, sample=i, ref_score=ref[i], score=sc[i],
+              nll=1.0 + (0.1 if r == "random" else 0.0) + 0.01 * i, top1_agree=0.9 if r == "random" else 0.95)
+         for r, sc in (("weight_x_norm", sal), ("random", rnd)) for i in range(n)])
+    rows = pd.DataFrame([dict(workload="t", saliency=r, percentile=50.0, drop_rate=d)
+                         for r, d in (("weight_x_norm", 0.2), ("random", 0.21))])
+    (c,) = rule_vs_control(samples, rows, "t", "weight_x_norm").itertuples()
+    assert (c.rule_better, c.rule_worse) == (4, 1)       # right where random is wrong: 0, 1, 2, 9; the reverse: 8
+    assert c.mcnemar_p == pytest.approx(2 * (1 + 5) / 2 ** 5)   # two-sided binomial, 1 of 5 discordant
+    assert c.accuracy_diff == pytest.approx(0.9 - 0.6) and c.nll_diff == pytest.approx(-0.1)
+    assert c.nll_diff_ci_high == pytest.approx(-0.1) and (c.drop_rate, c.control_drop_rate) == (0.2, 0.21)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     if not (TINY_MODEL_DIR / "config.json").is_file():
