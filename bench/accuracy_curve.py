@@ -58,6 +58,13 @@ def _worker(tasks, kwargs, q, results, parts):
     results.put((rows, samples, time.perf_counter() - t0, ru.ru_utime + ru.ru_stime))
 
 
+def order_rows(rows: pd.DataFrame, tasks, rules) -> pd.DataFrame:
+    """The workers' rows in the order asked: task, then saliency rule, then percentile."""
+    key = {"workload": {t: i for i, t in enumerate(tasks)}, "saliency": {r: i for i, r in enumerate(rules)}}
+    return rows.sort_values(["workload", "saliency", "percentile"],
+                            key=lambda c: c.map(key[c.name]) if c.name in key else c).reset_index(drop=True)
+
+
 def run(args) -> dict:
     from npumoe_lab.execution.calibrate import calibration_profile
     from npumoe_lab.models import load_model
@@ -97,8 +104,7 @@ def run(args) -> dict:
     wall = time.perf_counter() - t0
     rows = pd.concat([g[0] for g in got], ignore_index=True)
     samples = pd.concat([g[1] for g in got], ignore_index=True)
-    rows["workload"] = pd.Categorical(rows.workload, tasks, ordered=True)
-    rows = rows.sort_values(["workload", "saliency", "percentile"]).astype({"workload": str}).reset_index(drop=True)
+    rows = order_rows(rows, tasks, kwargs["saliency"])
     report = dict(n=n, tasks=len(tasks), plans=len(kwargs["percentiles"]) * len(kwargs["saliency"]),
                   workers=len(procs), wall_s=wall, worker_wall_s=[g[2] for g in got], cpu_s=sum(g[3] for g in got),
                   load_before=load0, load_after=os.getloadavg()[0],

@@ -17,7 +17,7 @@ RULE_COLORS = {"weight_x_norm": "#1f77b4", "router_weight": "#2ca02c", "activati
 @pk.styled
 def plot_accuracy_curve(rows: pd.DataFrame, loss_target: float = 0.011):
     tasks = list(dict.fromkeys(rows.workload))
-    fig, axes = pk.figure(2, len(tasks), max(2.4, 4.8 / len(tasks)), 1.75)   # one task: a wide panel
+    fig, axes = pk.figure(2, len(tasks), max(2.4, 4.8 / len(tasks)), 2.1)   # one task: a wide panel
     r0 = rows.iloc[0]
     for j, wl in enumerate(tasks):
         g = rows[rows.workload == wl]
@@ -35,7 +35,8 @@ def plot_accuracy_curve(rows: pd.DataFrame, loss_target: float = 0.011):
         top.axhline(0, color="0.3", lw=0.6)
         top.axhline(-100 * loss_target, color="#d62728", lw=0.8, ls="--", label=f"-{100 * loss_target:.1f} pts")
         bottom.axhline(0, color="0.3", lw=0.6)
-        top.set_title(f"{wl}\n{g.difficulty.iloc[0]}; ref {g.ref_score.iloc[0]:.2f}", fontsize=6.5)
+        title = f"{g.difficulty.iloc[0]}; reference {g.ref_score.iloc[0]:.2f}"
+        top.set_title(wl + "\n" + "\n".join(textwrap.wrap(title, 34)), fontsize=6.5)
         bottom.set_xlabel("drop rate, measured (%)")
         top.sharex(bottom)
         top.tick_params(labelbottom=False)
