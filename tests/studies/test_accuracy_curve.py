@@ -19,6 +19,7 @@ from npumoe_lab.studies.accuracy_curve import accuracy_curve
 from npumoe_lab.studies.accuracy_scoring import greedy_against
 from npumoe_lab.studies.accuracy_verdict import LOSS_TARGET, loss_upper_bound, safe_drop
 from npumoe_lab.workloads import get_workload
+from npumoe_lab.workloads.difficulty import difficulty_for
 from npumoe_lab.workloads.scoring import evaluate_sample
 
 
@@ -133,8 +134,8 @@ def test_small_curve_drop_rates_are_the_plans_measured_drops(tiny):
                             saliency=r.saliency)
         assert plan.hash == r.plan_hash
         caps = {lp["layer"]: np.asarray(lp["capacity"]) for lp in plan.layers}
-        wl = get_workload(r.workload, **({"n_needles": 8} if r.workload == "ruler-multikey" else
-                                         {"top_k": 2}))
+        wl = get_workload(r.workload, **difficulty_for(r.workload, **({"n_needles": 8} if r.workload ==
+                                                                      "ruler-multikey" else {})).options)
         dropped = routed = 0
         attach(model, plan, npu_dtype=PrefillConfig("m2-max", 256).npu_dtype)   # as the curve ran it: fp16 NPU
         try:
