@@ -17,14 +17,14 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from npumoe_lab.devices import Platform, get_platform
-from npumoe_lab.results.store import write_rows, write_timeline
+from npumoe_lab.devices import as_platform
+from npumoe_lab.results.store import knob_columns, write_rows, write_timeline
 from npumoe_lab.execution.engine import PlanExecutor
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.planning.knobs import PlanKnobs, add_knob_arguments, knobs_from_args
 from npumoe_lab.planning.layout import ExecutionLayout
 from npumoe_lab.planning.plan import variant_plan
-from npumoe_lab.execution.runtime import PrefillConfig, check_context
+from npumoe_lab.execution.runtime import PrefillConfig, check_chunk, check_context
 from npumoe_lab.execution.timeline import to_frame
 from npumoe_lab.utils import progress, provenance
 from npumoe_lab.planning.variants import parse_variants
@@ -50,8 +50,7 @@ def variant_executor(variant, specs, profile, platform, knobs: dict):
         return None, None
     if variant.experts == "dynamic":
         return PlanExecutor(ExecutionLayout.dropless(specs), [], cold="dynamic"), None
-    plan = variant_plan(profile, variant.name, specs, platform=platform,
-                        **{k: v for k, v in knobs.items() if v is not None})
+    plan = variant_plan(profile, variant.name, specs, platform, PlanKnobs.given(knobs))
     return PlanExecutor(plan, [], spill=variant.spill), plan
 
 
@@ -72,7 +71,7 @@ def _row(name, src, v, plat, plan, t, c, weights, summary, prov, knobs) -> dict:
                 chunk=c, repeat=0, n_samples=1, geometry=name, routing_source=src.label, routing_gini=src.gini(),
                 numerics_source="none", weights=weights, plan_hash=getattr(plan, "hash", None),
                 platform_kind=plat.kind, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **summary, **prov,
-                **{("n_tiers" if k == "tiers" else k): val for k, val in knobs.items()})
+                **knob_columns(knobs))
 
 
 def simulate(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="m2-max", variants="all",
@@ -104,7 +103,7 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
     if weights not in WEIGHT_FORMATS:
         raise NpuMoeError(f"--weights {weights!r}: use one of {', '.join(WEIGHT_FORMATS)}")
     geos = [load_geometry(g) for g in _list(geometry)]
-    plats = [p if isinstance(p, Platform) else get_platform(p, **WEIGHT_FORMATS[weights]) for p in
+    plats = [as_platform(p, **WEIGHT_FORMATS[weights]) for p in
              (platforms if isinstance(platforms, (list, tuple)) else _list(platforms))]
     for p in plats:
         if p.kind == "measured":
@@ -113,8 +112,9 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
     vlist = parse_variants(variants)
     prompts, chunks = _list(prompt_len, int), _list(chunk, int)
     for (name, _, geo), c, t in itertools.product(geos, chunks, prompts):
-        if c < 1 or t < 1:
-            raise NpuMoeError(f"chunk and prompt length must be >= 1; got chunk {c}, prompt {t}")
+        check_chunk(c)
+        if t < 1:
+            raise NpuMoeError(f"prompt length must be >= 1; got {t}")
         check_context(geo.context, c, f"--chunk {c} for geometry {name}")
         check_context(geo.context, t, f"--prompt-len {t} for geometry {name}")
     sources = {name: parse_routing(routing, list(geo.moe), seed) for name, _, geo in geos}   # all checked first
