@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from npumoe_lab.execution.experts import dropless_executor, set_executor
-from npumoe_lab.execution.runtime import chunked_prefill
+from npumoe_lab.execution.runtime import PrefillConfig, chunked_prefill
 from npumoe_lab.workloads.scoring import evaluate_sample
 
 
@@ -37,7 +37,7 @@ def prompt_nll(logits: torch.Tensor, ids: list[int]) -> float:
 @torch.no_grad()
 def reference_record(model, tokenizer, sample, workload, chunk: int, pad_id: int) -> ReferenceRecord:
     """The reference's record of one sample; the model must be in its reference (HF experts) configuration."""
-    res = chunked_prefill(model, torch.tensor([sample.input_ids]), chunk, pad_token_id=pad_id)
+    res = chunked_prefill(model, torch.tensor([sample.input_ids]), PrefillConfig.untimed(chunk, pad_id))
     top1, nll = res.logits[0].argmax(-1), prompt_nll(res.logits, sample.input_ids)
     ev = evaluate_sample(model, tokenizer, sample, workload, prefill_fn=lambda m, ids: (res.logits,
                                                                                       res.past_key_values))

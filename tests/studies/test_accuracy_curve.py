@@ -104,7 +104,7 @@ def test_teacher_forced_decoding_equals_step_by_step_greedy(tiny):
     wl = get_workload("ruler-vt", n_vars=4, n_chains=4)
     try:
         for s in wl.samples(tok, 512, 2, seed=1):
-            res = chunked_prefill(model, torch.tensor([s.input_ids]), 256, pad_token_id=tok.pad_token_id)
+            res = chunked_prefill(model, torch.tensor([s.input_ids]), PrefillConfig.untimed(256, tok.pad_token_id))
             prev = set_executor(model, dropless_executor)
             slow = evaluate_sample(model, tok, s, wl, prefill_fn=lambda m, ids: (res.logits,
                                                                                  copy.deepcopy(res.past_key_values)))
@@ -141,7 +141,7 @@ def test_small_curve_drop_rates_are_the_plans_measured_drops(tiny):
         try:
             for s in wl.samples(tok, r.prompt_len, 2, seed=0):
                 with RoutingRecorder(model) as rec:
-                    chunked_prefill(model, torch.tensor([s.input_ids]), 256, pad_token_id=tok.pad_token_id)
+                    chunked_prefill(model, torch.tensor([s.input_ids]), PrefillConfig.untimed(256, tok.pad_token_id))
                 for rc in rec.records:      # every prompt fills whole chunks: no padding token to exclude
                     load = np.bincount(rc.topk_idx.reshape(-1).numpy(), minlength=len(caps[rc.layer]))
                     dropped += int(np.maximum(load - caps[rc.layer], 0).sum())
