@@ -32,6 +32,7 @@ SUBCOMMANDS = {
     "measure": "measure",
     "fit-device": "fit_device",
     "validate-device": "validate_device",
+    "accuracy": "accuracy",
 }
 
 
@@ -60,6 +61,7 @@ SUMMARIES = {
     "measure": "micro-benchmark this machine's ops (cpu | onnxruntime | coreml) into measurement rows",
     "fit-device": "fit a platform's free parameters on its chip's micro-benchmark rows (least squares + emcee)",
     "validate-device": "predict every measurement row (or measured run) of a platform; validation table + figure",
+    "accuracy": "accuracy change (exact bounds) vs measured drop rate of plans, with their modeled TTFT",
 }
 
 

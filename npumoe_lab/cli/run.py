@@ -7,7 +7,7 @@ from npumoe_lab.cli.common import add_dtype_argument
 from npumoe_lab.cli.knob_flags import add_knob_arguments, knobs_from_args
 from npumoe_lab.cli.output import writes
 
-WORKLOADS = ("ruler-multikey", "ruler-vt", "fewshot-cls", "lm-heldout", "boolq", "hellaswag")   # = list_workloads()
+WORKLOADS = ("ruler-multikey", "ruler-vt", "fewshot-cls", "lm-heldout", "lm-next", "boolq", "hellaswag")   # = list_workloads()
 MEASURED_REPEATS = 3     # = experiments.runner.MEASURED_REPEATS (not imported: torch; tests/test_cli checks)
 
 

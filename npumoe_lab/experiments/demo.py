@@ -8,6 +8,7 @@ The notebooks' own helpers live in `notebook_helpers.py`.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import shutil
 import sys
 import time
@@ -190,7 +191,39 @@ def paper_scale_section(out: Path) -> tuple[str, list]:
             figs)
 
 
-def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
+# the demo's accuracy curve: small n so the demo stays fast (the n = 300 curve is bench/accuracy_curve.py)
+DEMO_ACCURACY = {"n": 10, "percentiles": "50,80,100"}
+
+
+def start_accuracy_curve(out: Path, options: dict):
+    """`npumoe-lab accuracy` in its own process (studies/ sits above experiments/: run, not imported), started
+    beside the figures; returns the Popen."""
+    import subprocess
+    args = [sys.executable, "-m", "npumoe_lab.cli", "accuracy", "--out", str(out / "accuracy"), "--threads", "1"]
+    for k, v in options.items():
+        args += [f"--{k.replace('_', '-')}", str(v)]
+    log = open(out / "accuracy.log", "w")
+    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "NPUMOE_NO_PROGRESS": "1"})
+
+
+def accuracy_section(out: Path, proc, options: dict) -> str:
+    """SUMMARY's accuracy section: the verdict of the demo's small curve (ACCURACY.md), its n said plainly."""
+    rc = proc.wait()
+    md = out / "accuracy" / "ACCURACY.md"
+    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in options.items())
+    head = (f"## Accuracy vs drop rate (`npumoe-lab accuracy {flags}`: n = {options.get('n')} samples per task)\n\n"
+            f"At n = {options.get('n')} the exact bounds are wide (no sample lost still allows a loss of "
+            f"{100 * (1 - 0.05 ** (1 / max(int(options.get('n', 1)), 1))):.0f} points): this section shows the curve "
+            "runs; the verdict at n = 300 is in README (bench/accuracy_curve.py). Rows, figure: "
+            f"`{out / 'accuracy'}`.\n\n")
+    if rc != 0 or not md.is_file():
+        return head + f"The accuracy curve failed (exit {rc}); see `{out / 'accuracy.log'}`.\n"
+    text = md.read_text()
+    verdict = text.split("## Verdict", 1)[1].split("## Rows", 1)[0].strip()
+    return head + verdict + "\n"
+
+
+def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1, accuracy: dict | None = None) -> Path:
     import yaml
 
     t0 = time.time()
@@ -254,6 +287,8 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
     # the sweep's figures and the paper-scale simulation share nothing and are each single-threaded: side by side
     # in two processes (after the sweep, whose measured rows need a quiet host); a fresh interpreter, not a fork
     # of this torch process
+    accuracy = DEMO_ACCURACY if accuracy is None else accuracy
+    curve = start_accuracy_curve(out, accuracy)
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         simulated = pool.submit(paper_scale_section, out)
         print("[demo] drawing figures ...", flush=True)
@@ -263,6 +298,8 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
         paper_scale, paper_figs = simulated.result()
     figs += paper_figs
     stages["paper-scale simulation (beside the figures)"] = time.time() - t0 - sum(stages.values())
+    accuracy_md = accuracy_section(out, curve, accuracy)
+    stages[f"accuracy curve, n = {accuracy.get('n')} (beside the figures)"] = time.time() - t0 - sum(stages.values())
     sources = {"model": f"`{model_name}`" + (" (the bundled data/models/npumoe-tiny)" if model_name == "tiny" else ""),
                "sweep": f"`{Path(sweep).relative_to(REPO_ROOT) if Path(sweep).is_relative_to(REPO_ROOT) else sweep}`"
                         f" -> `{out / 'sweep'}` ({len(report.done) + len(report.skipped)} cells ok, "
@@ -279,7 +316,7 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
                    f"{k} {v:.1f} s" for k, v in stages.items()) + "; measured on this host)"}
     path = out / "SUMMARY.md"
     pngs = sorted(p.name for p in figs if p.suffix == ".png")
-    path.write_text(summary_markdown(df, sources) + "\n" + paper_scale + "\n## Figures (`figures/`, PNG + PDF)\n\n"
+    path.write_text(summary_markdown(df, sources) + "\n" + accuracy_md + "\n" + paper_scale + "\n## Figures (`figures/`, PNG + PDF)\n\n"
                     + "\n".join(f"- `{n}`: {FIGURE_NOTES.get(n.split('.')[0].split('-')[0], '')}" for n in pngs)
                     + "\n")
     print(f"[demo] done in {time.time() - t0:.0f} s ({sources['wall time of the demo'].split('(', 1)[1]}: {path}",

@@ -6,6 +6,7 @@ from npumoe_lab.workloads.base import Sample, Workload
 from npumoe_lab.workloads.fewshot import FewShotCls
 from npumoe_lab.workloads.hf_tasks import BoolQ, HellaSwag
 from npumoe_lab.workloads.lm_heldout import LmHeldout
+from npumoe_lab.workloads.lm_next import LmNextToken
 from npumoe_lab.workloads.ruler import MultiKey, VariableTracking
 
 _FACTORIES = {
@@ -13,6 +14,7 @@ _FACTORIES = {
     "ruler-vt": VariableTracking,
     "fewshot-cls": FewShotCls,
     "lm-heldout": LmHeldout,
+    "lm-next": LmNextToken,
 }
 
 
@@ -33,7 +35,22 @@ def list_workloads() -> list[str]:
 def get_workload(name: str, **options) -> Workload:
     if name not in _FACTORIES:
         raise NpuMoeError(f"unknown workload {name!r}; valid workloads: {', '.join(_FACTORIES)}")
+    accepted = workload_options(name)
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise NpuMoeError(f"workload {name!r} has no option {', '.join(map(repr, unknown))}; its options: "
+                          f"{', '.join(accepted) or 'none'}")
     return _FACTORIES[name](**options)
 
 
-__all__ = ["Sample", "Workload", "get_workload", "list_workloads", "NpuMoeError"]
+def workload_options(name: str) -> dict:
+    """A workload's difficulty options and their defaults (its constructor's keyword arguments)."""
+    import inspect
+    if name not in _FACTORIES:
+        raise NpuMoeError(f"unknown workload {name!r}; valid workloads: {', '.join(_FACTORIES)}")
+    cls = {"boolq": BoolQ, "hellaswag": HellaSwag}.get(name, _FACTORIES[name])
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    return {p.name: p.default for p in params if p.kind is p.POSITIONAL_OR_KEYWORD}
+
+
+__all__ = ["Sample", "Workload", "get_workload", "list_workloads", "workload_options", "NpuMoeError"]

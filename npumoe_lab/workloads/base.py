@@ -18,7 +18,7 @@ __all__ = ["DOMAINS", "Sample", "Workload", "Haystack"]
 @dataclass(frozen=True)
 class Sample:
     input_ids: list[int]            # the prompt, EXACTLY prompt_len tokens
-    kind: str                       # "generate" | "choice" | "perplexity"
+    kind: str                       # "generate" | "choice" | "perplexity" | "next-token"
     answer: str | None = None       # generate: the reference string
     choices: tuple[str, ...] | None = None  # choice: continuations, scored by summed log-likelihood
     label: int | None = None        # choice: index of the correct choice

@@ -57,10 +57,18 @@ class TaskSeq:
         return ids, mask
 
 
-def random_keys(rng: random.Random, n: int) -> list[str]:
+def random_keys(rng: random.Random, n: int, key_nouns: int | None = None) -> list[str]:
+    """n distinct 'adjective-noun' keys; `key_nouns` draws the nouns from only that many (keys then share their
+    last word, the one right before 'is:', so matching it alone no longer finds the asked needle)."""
+    adjs, nouns = ADJECTIVES, NOUNS
+    if key_nouns is not None:
+        if key_nouns * len(ADJECTIVES) < n:
+            raise NpuMoeError(f"key_nouns={key_nouns} makes only {key_nouns * len(ADJECTIVES)} distinct keys for "
+                              f"{n} needles; use more key_nouns or fewer needles")
+        nouns = rng.sample(NOUNS, key_nouns)
     pairs = set()
     while len(pairs) < n:
-        pairs.add(f"{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}")
+        pairs.add(f"{rng.choice(adjs)}-{rng.choice(nouns)}")
     return rng.sample(sorted(pairs), n)
 
 
@@ -83,10 +91,11 @@ def _fill(rng, tok, hay: Haystack, total: int, head: list[int], pieces: list[lis
 
 
 def build_multikey(tok, rng: random.Random, hay: Haystack, total_len: int, n_needles: int = 4,
-                   n_queries: int = 1, answered_last: bool = False, domain: str | None = None) -> TaskSeq:
+                   n_queries: int = 1, answered_last: bool = False, domain: str | None = None,
+                   key_nouns: int | None = None) -> TaskSeq:
     """total_len counts the context + all queries (+ all answers if answered_last; else the last answer is
-    excluded: evaluation prompt)."""
-    keys = random_keys(rng, n_needles)
+    excluded: evaluation prompt). `key_nouns`: see random_keys."""
+    keys = random_keys(rng, n_needles, key_nouns)
     values = [str(v) for v in random_values(rng, n_needles, 100_000, 9_999_999)]
     needles = [encode(tok, MK_NEEDLE.format(key=k, value=v)) for k, v in zip(keys, values)]
     asked = rng.sample(range(n_needles), min(n_queries, n_needles))
@@ -148,6 +157,12 @@ def build_vt(tok, rng: random.Random, hay: Haystack, total_len: int, n_vars: int
                                   "statements": texts})
 
 
+def check_count(workload: str, option: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise NpuMoeError(f"{workload}: {option} must be an int >= 1; got {value!r}")
+    return value
+
+
 def parse_names(text: str) -> list[str]:
     """Variable names in a generated answer: 5-uppercase-letter words before the first newline/question."""
     text = text.split("\n")[0].split("Question")[0]
@@ -163,14 +178,21 @@ class MultiKey(Workload):
     metric = "exact_match"
     chance = 0.0
 
-    def __init__(self, n_needles: int = 4):
-        self.n_needles = n_needles
+    def __init__(self, n_needles: int = 4, key_nouns: int | None = None):
+        """Difficulty knobs: `n_needles` key-value needles in the haystack (one is asked; the rest distract);
+        `key_nouns`: keys drawn from only that many nouns (None: all 40), so distractor keys end like the asked
+        one."""
+        self.n_needles = check_count("ruler-multikey", "n_needles", n_needles)
+        self.key_nouns = None if key_nouns is None else check_count("ruler-multikey", "key_nouns", key_nouns)
+        if self.key_nouns is not None and self.key_nouns * len(ADJECTIVES) < self.n_needles:
+            raise NpuMoeError(f"ruler-multikey: key_nouns={key_nouns} makes only {key_nouns * len(ADJECTIVES)} "
+                              f"distinct keys for {n_needles} needles; use more key_nouns")
 
     min_prompt_len = 256
 
     def haystack_sample(self, tokenizer, rng, hay, prompt_len: int, i: int) -> Sample:
         t = build_multikey(tokenizer, rng, hay, prompt_len, self.n_needles, n_queries=1,
-                           domain=hay.domains[i % len(hay.domains)])
+                           domain=hay.domains[i % len(hay.domains)], key_nouns=self.key_nouns)
         q, _, ans = t.queries[-1]
         key = t.meta["keys"][t.meta["asked"][-1]]
         return Sample(t.context + q, "generate", answer=ans,
@@ -191,14 +213,20 @@ class VariableTracking(Workload):
     metric = "exact_match"
     chance = 0.0
 
-    def __init__(self, n_vars: int = 3, n_chains: int = 2):
-        self.n_vars, self.n_chains = n_vars, n_chains
+    def __init__(self, n_vars: int = 3, n_chains: int = 2, vary_len: bool = False):
+        """Difficulty knobs: `n_vars` hops per chain, `n_chains` chains (one is asked; the rest distract);
+        `vary_len`: each chain 2..n_vars+1 hops long instead (a mix of easy and hard chains)."""
+        self.n_vars = check_count("ruler-vt", "n_vars", n_vars)
+        self.n_chains = check_count("ruler-vt", "n_chains", n_chains)
+        if not isinstance(vary_len, bool):
+            raise NpuMoeError(f"ruler-vt: vary_len must be True or False; got {vary_len!r}")
+        self.vary_len = vary_len
 
     min_prompt_len = 256
 
     def haystack_sample(self, tokenizer, rng, hay, prompt_len: int, i: int) -> Sample:
         t = build_vt(tokenizer, rng, hay, prompt_len, self.n_vars, self.n_chains, n_queries=1,
-                     domain=hay.domains[i % len(hay.domains)])
+                     domain=hay.domains[i % len(hay.domains)], vary_len=self.vary_len)
         q, _, ans = t.queries[-1]
         c = t.meta["asked"][-1]
         return Sample(t.context + q, "generate", answer=ans,

@@ -6,6 +6,7 @@
   (the first from the prefill's last logits). `score` = accuracy (argmax of summed log-likelihood); `acc_norm`
   uses the log-likelihood divided by the choice's length in characters (lm-eval's acc_norm).
 - perplexity: mean NLL over the prompt's predicted tokens (positions 1..T-1); `score` = that NLL.
+- next-token: `workload.score_next(sample, last_logits)` (e.g. the target among the top-k), no decoding.
 """
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ def evaluate_sample(model, tokenizer, sample: Sample, workload: Workload, prefil
             res["nll"] = float(nll.mean())
             res["n_tokens"] = int(nll.numel())
             res["score"] = res["nll"]
+        elif sample.kind == "next-token":
+            res["score"] = float(workload.score_next(sample, last))
         elif sample.kind == "generate":
             eos = getattr(tokenizer, "eos_token_id", None)
             out_ids, nxt, cur = [], int(last.argmax()), past
@@ -84,7 +87,7 @@ def evaluate_sample(model, tokenizer, sample: Sample, workload: Workload, prefil
             res.update(choice_logliks=lls, pred=pred, score=float(pred == sample.label),
                        acc_norm=float(pred_norm == sample.label))
         else:
-            raise NpuMoeError(f"unknown sample kind {sample.kind!r}; expected generate | choice | perplexity")
+            raise NpuMoeError(f"unknown sample kind {sample.kind!r}; expected generate | choice | perplexity | next-token")
     return res
 
 

@@ -21,10 +21,13 @@ def test_demo_end_to_end_on_one_cell(tmp_path, monkeypatch):
                     "parameters:\n  variants: reference,npumoe-base,npumoe\n  n_samples: 1\n  calib_tokens: 1024\n"
                     "  repeats: 1\n  matched_percentile: null\ngrid:\n  prompt_len: [128]\n")
     out = tmp_path / "out"
-    text = run_demo(out, sweep=spec).read_text()
+    text = run_demo(out, sweep=spec, accuracy={"n": 2, "percentiles": "50", "workload": "lm-next",
+                                               "calib_tokens": 1024}).read_text()
     for stage in ("imports, model load, calibration and plans", "sweep", "figures",
-                  "paper-scale simulation (beside the figures)"):
+                  "paper-scale simulation (beside the figures)", "accuracy curve, n = 2 (beside the figures)"):
         assert f"{stage} " in text
+    assert "## Accuracy vs drop rate (`npumoe-lab accuracy --n 2" in text and "**lm-next**" in text
+    assert (out / "accuracy" / "curve.csv").is_file() and (out / "accuracy" / "accuracy_curve.png").is_file()
     assert "## Paper scale, simulated" in text
     rows = load_results(out / "sweep")
     assert set(rows.variant) == {"reference", "npumoe-base", "npumoe"} and set(rows.platform) == {"cpu", "m2-max"}

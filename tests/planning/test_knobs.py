@@ -54,7 +54,7 @@ def test_knob_notebooks_take_their_run_arguments_from_their_parameters_cell():
     from npumoe_lab.experiments import notebook_helpers as nb
     with pytest.raises(NpuMoeError, match=r"parameters cell lacks \['workload', 'variants'"):
         nb.knob_sweep({"model": "tiny"}, "tiers", [1])
-    for name in ("02_static_tiers", "03_grouping", "04_residency", "06_accuracy"):   # each declares them all
+    for name in ("02_static_tiers", "03_grouping", "04_residency"):   # each declares them all
         text = (cli.__file__.rsplit("/npumoe_lab/", 1)[0] + f"/notebooks/{name}.py")
         cell = open(text).read().split('# %% tags=["parameters"]')[1].split("# %%")[0]
         assert all(f"\n{p} = " in cell for p in nb.RUN_PARAMETERS), name

@@ -21,7 +21,7 @@ from npumoe_lab.workloads.ruler import synthetic_text
 from npumoe_lab.workloads.scoring import evaluate_sample
 
 FIX = Path(__file__).resolve().parents[2] / "data" / "fixtures"
-SYNTH = ["ruler-multikey", "ruler-vt", "fewshot-cls", "lm-heldout"]
+SYNTH = ["ruler-multikey", "ruler-vt", "fewshot-cls", "lm-heldout", "lm-next"]
 
 
 @pytest.fixture(scope="module")
