@@ -1,0 +1,141 @@
+"""An op stream (stream.py) scheduled and summarised on arrays: `timeline.schedule` + `summarize`, per draw.
+
+The engine's dependency pattern makes the NPU / CPU schedule a closed form: each role is a serial queue and every
+CHAIN op waits for the one before it, so the chain's ops run back to back; the BRANCH ops after a CHAIN op (one MoE
+layer's static groups, cold and spilled experts) start when it ends and run in submission order on their queues;
+their JOIN (scatter) starts when both queues are done. Hence
+    TTFT = sum of CHAIN and JOIN durations + sum over branch blocks of max(NPU branch time, CPU branch time)
+(one queue on a platform whose NPU role runs on the CPU: the block's sum). Energy, core-seconds and cycles are
+`timeline.summarize`'s formulas on the summed busy times. Everything is linear in the op durations except the
+per-block max, so a stream is reduced once to its distinct ops and count matrices, and D parameter draws cost a
+(D, distinct ops) pricing and two sparse products.
+"""
+from __future__ import annotations
+
+import numpy as np
+from scipy import sparse
+
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.execution.timeline import MODELED
+from npumoe_lab.sim.pricing import INTERVAL, parameter_draws, platform_params, price_stream
+from npumoe_lab.sim.stream import BRANCH, CPU, NPU
+
+INTERVAL_METRICS = ("ttft_s", "energy_per_token_mj", "cpu_cycles")
+
+
+class _Reduced:
+    """A stream's distinct ops (columns) and how often each counts where (head, branch block x role, role)."""
+
+    def __init__(self, stream):
+        c = stream.cols
+        if len(c["dep"]) and c["dep"][0] == BRANCH:
+            raise NpuMoeError("an op stream cannot start with a BRANCH op (it needs a CHAIN op to fork from)")
+        key = np.stack([c["role"], c["flops"], c["bytes"], c["calls"], c["gemm_m"], c["gemm_n"], c["gemm_k"]],
+                       axis=1).astype(np.float64)
+        uniq, inv = np.unique(key, axis=0, return_inverse=True)
+        inv = inv.reshape(-1)
+        U = len(uniq)
+        self.cols = {"role": uniq[:, 0].astype(np.int64), "flops": uniq[:, 1], "bytes": uniq[:, 2],
+                     "calls": uniq[:, 3].astype(np.int64), "gemm_m": uniq[:, 4].astype(np.int64),
+                     "gemm_n": uniq[:, 5].astype(np.int64), "gemm_k": uniq[:, 6].astype(np.int64)}
+        branch = c["dep"] == BRANCH
+        block = np.cumsum(~branch) - 1
+        self.head = np.bincount(inv[~branch], minlength=U).astype(np.float64)
+        role = c["role"]
+        self.per_role = np.stack([np.bincount(inv[role == r], minlength=U) for r in (NPU, CPU)], 1).astype(float)
+        self.branch_total = np.bincount(inv[branch], minlength=U).astype(np.float64)
+        bb, rr, ii = block[branch], role[branch], inv[branch]
+        blocks, bcol = np.unique(bb, return_inverse=True)
+        self.n_blocks = len(blocks)
+        self.M = sparse.csr_matrix((np.ones(len(ii)), (ii, bcol.reshape(-1) * 2 + rr)), shape=(U, 2 * len(blocks)))
+        self.npu_calls = int(c["calls"][role == NPU].sum())
+        self.n = len(c["role"])
+
+
+def _reduced(stream) -> _Reduced:
+    r = stream._cache.get("reduced")
+    if r is None:
+        r = stream._cache["reduced"] = _Reduced(stream)
+    return r
+
+
+def stream_metrics(stream, params: dict, shared: bool) -> dict:
+    """{metric: (D,) array} of one stream under D draws (`params` as from parameter_draws; scalars: D = 1):
+    ttft_s, npu_busy_s, cpu_busy_s, cpu_core_s, cpu_cycles, energy_j, energy_per_token_mj."""
+    r = _reduced(stream)
+    d = price_stream(params, r.cols)                                   # (D, U)
+    D = d.shape[0]
+    busy = d @ r.per_role                                              # (D, 2): npu, cpu
+    if shared:
+        ttft = d @ (r.head + r.branch_total)
+    else:
+        b = (r.M.T @ d.T).T.reshape(D, r.n_blocks, 2) if r.n_blocks else np.zeros((D, 0, 2))
+        ttft = d @ r.head + b.max(axis=2).sum(axis=1)
+    p = {k: np.asarray(v, dtype=np.float64).reshape(-1) for k, v in params.items()
+         if not k.endswith("_throughput_curve")}
+    npu_busy, cpu_busy = busy[:, 0], busy[:, 1]
+    cores = p["cpu_cores"]
+    if shared:
+        core_s = cores * cpu_busy + p["npu_host_cores"] * npu_busy
+    else:
+        host_call = p["npu_host_cores"] * (p["npu_dispatch_s"] + p["npu_sync_s"])
+        core_s = cores * cpu_busy + r.npu_calls * host_call
+    host_busy = cpu_busy + (npu_busy if shared else 0.0)
+    npu_j = 0.0 if shared else p["npu_active_power_w"] * npu_busy \
+        + p["npu_idle_power_w"] * np.maximum(ttft - npu_busy, 0)
+    watts_per_core = (p["cpu_power_per_core_w"] * cores) / cores
+    energy = npu_j + (watts_per_core * core_s + p["cpu_idle_power_w"] * np.maximum(ttft - host_busy, 0.0))
+    out = dict(ttft_s=ttft, npu_busy_s=npu_busy, cpu_busy_s=cpu_busy, cpu_core_s=core_s,
+               cpu_cycles=core_s * p["cpu_freq_hz"], energy_j=energy,
+               energy_per_token_mj=energy / stream.n_tokens * 1e3)
+    return {k: np.broadcast_to(np.asarray(v, dtype=np.float64), (D,)) for k, v in out.items()}
+
+
+def summarize_stream(stream, platform, draws: dict | None = None) -> dict:
+    """The result-row summary `runtime.finish` gives for the same ops (timeline.summarize + drop / pad rates), and
+    with `draws` (parameter_draws of this platform) the 90 % interval of ttft_s, energy_per_token_mj, cpu_cycles."""
+    shared = platform.npu_shares_cpu
+    m = {k: float(v[0]) for k, v in stream_metrics(stream, platform_params(platform), shared).items()}
+    r = _reduced(stream)
+    roles = np.unique(stream.cols["role"])
+    work = (stream.cols["role"] == CPU).any() or (shared and (roles == NPU).any()) or \
+        (r.npu_calls * platform.npu.host_call_s > 0)
+    out = {
+        "ttft_s": m["ttft_s"], "cpu_busy_s": m["cpu_busy_s"], "npu_busy_s": m["npu_busy_s"],
+        "cpu_core_s": m["cpu_core_s"], "cpu_cycles": m["cpu_cycles"], "cpu_threads": None,
+        "n_npu_calls": r.npu_calls, "energy_j": m["energy_j"], "energy_per_token_mj": m["energy_per_token_mj"],
+        "timing_source": MODELED if r.n else "none", "energy_source": MODELED if r.n else "none",
+        "energy_note": (f"power parameters of platform {platform.name} ({platform.hash[:12]}) x busy/idle time; "
+                        f"CPU: watts per core x core-seconds"),
+        "cycles_source": MODELED if work else "none",
+        "platform_profile": platform.name, "platform_hash": platform.hash,
+        "timing_source_npu": MODELED if (roles == NPU).any() else "none",
+        "timing_source_cpu": MODELED if (roles == CPU).any() else "none",
+        "drop_rate": stream.drop_rate, "pad_rate": stream.pad_rate,
+    }
+    if draws is not None:
+        out.update(interval_columns(stream_metrics(stream, draws, shared)))
+    return out
+
+
+def interval_columns(metrics: dict) -> dict:
+    """`{metric}_lo` / `_hi`: the 5th and 95th percentiles over the draws (the 90 % interval)."""
+    out = {}
+    for k in INTERVAL_METRICS:
+        lo, hi = np.percentile(metrics[k], INTERVAL)
+        out[f"{k}_lo"], out[f"{k}_hi"] = float(lo), float(hi)
+    return out
+
+
+def expert_ffn_and_scatter_s(stream, platform) -> tuple[float, float]:
+    """Seconds of the expert FFN ops (groups, cold / spilled / HF experts) and of scatter (paper-check's
+    breakdown), point parameters."""
+    from npumoe_lab.sim.stream import KIND
+    d = price_stream(platform_params(platform), stream)[0]
+    k = stream.cols["kind"]
+    ffn = np.isin(k, [KIND["expert_group"], KIND["experts_dynamic"], KIND["experts_hf"]])
+    return float(d[ffn].sum()), float(d[k == KIND["scatter"]].sum())
+
+
+__all__ = ["stream_metrics", "summarize_stream", "interval_columns", "expert_ffn_and_scatter_s",
+           "parameter_draws", "INTERVAL_METRICS"]
