@@ -4,14 +4,19 @@ geometry x routing x platform x variant x prompt length x chunk -> result rows i
 columns as `npumoe-lab run`, plus `geometry`, `routing_source`, `routing_gini` and `numerics_source = none` (no
 score columns: nothing is computed). Every variant's plan is built as `run` builds it (`plan.variant_plan` on the
 routing source's calibration profile, the same knobs), and every timeline comes from the engine's own op records
-(`replay.replay_prefill`). Times, energies and cycles are modeled (the platform's cost model); drop and padding
-rates are the plans' capacities against the sampled per-chunk counts.
+(`replay.replay_prefill`), or, by default, from the same ops built as arrays (`stream.build_stream`, scheduled and
+priced by `array_replay`; a test holds both equal): `engine="ops"` (and `--timeline`) takes the per-op path. Times,
+energies and cycles are modeled (the platform's cost model); drop and padding rates are the plans' capacities
+against the sampled per-chunk counts. `draws=N` adds the 90 % interval of ttft_s, energy_per_token_mj and cpu_cycles
+(`_lo` / `_hi`) over N parameter draws (`pricing.parameter_draws`: the platform's posterior, else a prior), the same
+stream priced once per draw set.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -29,11 +34,23 @@ from npumoe_lab.execution.timeline import to_frame
 from npumoe_lab.utils import progress, provenance
 from npumoe_lab.planning.variants import parse_variants
 from npumoe_lab.sim.geometries import list_geometries, load_geometry
+from npumoe_lab.sim.array_replay import summarize_stream
+from npumoe_lab.sim.pricing import draws_source, parameter_draws
 from npumoe_lab.sim.replay import replay_prefill
+from npumoe_lab.sim.stream import build_stream, routing_counts
 from npumoe_lab.sim.report import ratios
 from npumoe_lab.sim.routing import parse_routing
 
 WEIGHT_FORMATS = {"fp16": {}, "int8": {"npu_weight_bytes": "int8"}}   # -> platform override of the NPU's weights
+ENGINES = ("array", "ops")        # op streams as arrays (default) | the per-op replay (reference, timelines)
+
+
+@dataclass
+class StreamResult:
+    """One simulated prefill on the array path: its op stream and summary (no per-op events)."""
+    stream: object                   # stream.OpStream
+    platform: object
+    summary: dict
 
 
 def _list(value, cast=str) -> list:
@@ -77,13 +94,13 @@ def _row(name, src, v, plat, plan, t, c, weights, summary, prov, knobs) -> dict:
 
 def simulate(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="m2-max", variants="all",
              prompt_len=1024, chunk=512, weights: str = "fp16", seed: int = 0, out=None, timeline: bool = False,
-             **plan_knobs) -> pd.DataFrame:
+             draws: int = 0, engine: str = "array", **plan_knobs) -> pd.DataFrame:
     """Simulate every combination; returns (and writes to `out`) one row per (geometry, platform, variant,
     prompt length, chunk). Comma lists or lists for geometry, platforms (names or Platform objects, e.g. with
-    overrides), variants, prompt_len and chunk."""
+    overrides), variants, prompt_len and chunk. `timeline`: per-op timelines too (the per-op engine)."""
     rows, frames = [], []
     for row, res in iter_simulation(geometry, routing, platforms, variants, prompt_len, chunk, weights, seed,
-                                    **plan_knobs):
+                                    draws=draws, engine="ops" if timeline else engine, **plan_knobs):
         rows.append(row)
         if timeline:
             frames.append(to_frame(res.events).assign(variant=row["variant"], platform=row["platform"],
@@ -98,9 +115,14 @@ def simulate(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="
 
 
 def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=1024, chunk=512, weights="fp16",
-                    seed=0, **plan_knobs):
-    """(row, PrefillResult with its scheduled events) per combination; everything is checked before the first."""
+                    seed=0, draws: int = 0, engine: str = "array", **plan_knobs):
+    """(row, result) per combination; everything is checked before the first. result: engine "ops" a
+    PrefillResult with its scheduled events; "array" a StreamResult (op stream + summary)."""
     PlanKnobs.check_names(plan_knobs)
+    if engine not in ENGINES:
+        raise NpuMoeError(f"engine {engine!r}: use one of {', '.join(ENGINES)}")
+    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 0:
+        raise NpuMoeError(f"--draws {draws!r}: give a whole number of parameter draws >= 0 (0: no interval)")
     if weights not in WEIGHT_FORMATS:
         raise NpuMoeError(f"--weights {weights!r}: use one of {', '.join(WEIGHT_FORMATS)}")
     geos = [load_geometry(g) for g in _list(geometry)]
@@ -118,6 +140,8 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
         check_context(geo.context, c, f"--chunk {c} for geometry {name}")
         check_context(geo.context, t, f"--prompt-len {t} for geometry {name}")
     sources = {name: parse_routing(routing, list(geo.moe), seed) for name, _, geo in geos}   # all checked first
+    drawn = {id(p): parameter_draws(p, draws, seed) for p in plats} if draws else {}
+    extra = lambda p: dict(interval_draws=draws, interval_source=draws_source(p)) if draws else {}   # noqa: E731
     prov = provenance()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)      # thousands of tiny routing ops: a thread pool only adds hand-off cost
@@ -131,14 +155,22 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
                 built = {v.name: _by_layout(v, specs, profile, plats, plan_knobs) for v in vlist}
                 for t in prompts:
                     routed = src.chunks(specs, t, c, seed)
+                    counts = routing_counts(routed, specs, t, c) if engine == "array" else None
                     for v in vlist:
                         for executor, members in built[v.name]:
                             configs = [PrefillConfig(p, c, attention=v.attention) for p, _ in members]
-                            results = replay_prefill(geo, executor, configs[0], routed, t, also_on=configs[1:])
+                            if engine == "array":
+                                stream = build_stream(geo, executor, counts, attention=v.attention,
+                                                      dtype_bytes=configs[0].dtype_bytes,
+                                                      npu_weight_bytes=configs[0].npu_weight_bytes)
+                                results = [StreamResult(stream, p, summarize_stream(stream, p, drawn.get(id(p))))
+                                           for p, _ in members]
+                            else:
+                                results = replay_prefill(geo, executor, configs[0], routed, t, also_on=configs[1:])
                             for (plat, plan), res in zip(members, results):
                                 bar.update(1)
-                                yield _row(name, src, v, plat, plan, t, c, weights, res.summary, prov,
-                                           plan_knobs), res
+                                yield _row(name, src, v, plat, plan, t, c, weights, {**res.summary, **extra(plat)},
+                                           prov, plan_knobs), res
     finally:
         bar.close()
         torch.set_num_threads(threads)
@@ -159,7 +191,12 @@ def register_cli(sub) -> None:
                    help="NPU weight storage: fp16, or int8 dequantized on the NPU (half the bytes streamed)")
     p.add_argument("--seed", type=int, default=0)
     add_knob_arguments(p, with_defaults=False)       # unset: each variant's plan defaults
-    p.add_argument("--timeline", action="store_true", help="also write the per-op timelines")
+    p.add_argument("--draws", type=int, default=0,
+                   help="parameter draws for the 90%% interval columns (*_lo/_hi); the platform's posterior, else a "
+                        "prior from its sourced alternatives (0: none)")
+    p.add_argument("--engine", default="array", choices=ENGINES,
+                   help="array: op streams as arrays (fast, default); ops: the per-op replay (the reference)")
+    p.add_argument("--timeline", action="store_true", help="also write the per-op timelines (the per-op engine)")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cli)
 
@@ -168,9 +205,10 @@ def _cli(a: argparse.Namespace) -> int:
     knobs = knobs_from_args(a)
     t0 = time.perf_counter()
     df = simulate(a.geometry, a.routing, a.platform, a.variant, a.prompt_len, a.chunk, a.weights, a.seed, a.out,
-                  a.timeline, **knobs)
+                  a.timeline, draws=a.draws, engine=a.engine, **knobs)
     cols = ["model", "platform", "prompt_len", "chunk", "variant", "ttft_s", "energy_per_token_mj", "cpu_cycles",
             "n_npu_calls", "drop_rate", "pad_rate"]
+    cols[6:6] = [c for c in ("ttft_s_lo", "ttft_s_hi") if c in df]      # the 90 % interval with --draws
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 400):
         print(df[cols].to_string(index=False))
         sp = ratios(df, "ttft_s")
