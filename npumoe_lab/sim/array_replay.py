@@ -26,14 +26,18 @@ INTERVAL_METRICS = ("ttft_s", "energy_per_token_mj", "cpu_cycles")
 class _Reduced:
     """A stream's distinct ops (columns) and how often each counts where (head, branch block x role, role)."""
 
-    def __init__(self, stream):
+    def __init__(self, stream, distinct: bool):
         c = stream.cols
         if len(c["dep"]) and c["dep"][0] == BRANCH:
             raise NpuMoeError("an op stream cannot start with a BRANCH op (it needs a CHAIN op to fork from)")
         key = np.stack([c["role"], c["flops"], c["bytes"], c["calls"], c["gemm_m"], c["gemm_n"], c["gemm_k"]],
                        axis=1).astype(np.float64)
-        uniq, inv = np.unique(key, axis=0, return_inverse=True)
-        inv = inv.reshape(-1)
+        if distinct:       # many draws: price each distinct op once (rows compared as raw bytes)
+            raw = np.ascontiguousarray(key).view(np.dtype((np.void, key.itemsize * key.shape[1]))).reshape(-1)
+            _, first, inv = np.unique(raw, return_index=True, return_inverse=True)
+            uniq, inv = key[first], inv.reshape(-1)
+        else:              # one draw: every op priced once anyway
+            uniq, inv = key, np.arange(len(key))
         U = len(uniq)
         self.cols = {"role": uniq[:, 0].astype(np.int64), "flops": uniq[:, 1], "bytes": uniq[:, 2],
                      "calls": uniq[:, 3].astype(np.int64), "gemm_m": uniq[:, 4].astype(np.int64),
@@ -52,17 +56,18 @@ class _Reduced:
         self.n = len(c["role"])
 
 
-def _reduced(stream) -> _Reduced:
-    r = stream._cache.get("reduced")
+def _reduced(stream, distinct: bool = True) -> _Reduced:
+    r = stream._cache.get(("reduced", distinct))
     if r is None:
-        r = stream._cache["reduced"] = _Reduced(stream)
+        r = stream._cache[("reduced", distinct)] = _Reduced(stream, distinct)
     return r
 
 
 def stream_metrics(stream, params: dict, shared: bool) -> dict:
     """{metric: (D,) array} of one stream under D draws (`params` as from parameter_draws; scalars: D = 1):
     ttft_s, npu_busy_s, cpu_busy_s, cpu_core_s, cpu_cycles, energy_j, energy_per_token_mj."""
-    r = _reduced(stream)
+    D = max(np.size(v) for k, v in params.items() if not k.endswith("_throughput_curve"))
+    r = _reduced(stream, distinct=D > 1)
     d = price_stream(params, r.cols)                                   # (D, U)
     D = d.shape[0]
     busy = d @ r.per_role                                              # (D, 2): npu, cpu
@@ -96,7 +101,7 @@ def summarize_stream(stream, platform, draws: dict | None = None) -> dict:
     with `draws` (parameter_draws of this platform) the 90 % interval of ttft_s, energy_per_token_mj, cpu_cycles."""
     shared = platform.npu_shares_cpu
     m = {k: float(v[0]) for k, v in stream_metrics(stream, platform_params(platform), shared).items()}
-    r = _reduced(stream)
+    r = _reduced(stream, distinct=False)
     roles = np.unique(stream.cols["role"])
     work = (stream.cols["role"] == CPU).any() or (shared and (roles == NPU).any()) or \
         (r.npu_calls * platform.npu.host_call_s > 0)

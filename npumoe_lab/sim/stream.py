@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from npumoe_lab.devices.cost import OpCost, attention_cost, dense_cost, expert_ffn_cost, memory_cost
+from npumoe_lab.devices.cost import OpCost, memory_cost
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.ops import OP_KINDS, ChunkContext
 
@@ -115,6 +115,10 @@ def _cost_row(kind: str, role: int, layer: int, cost: OpCost, dep: int, weight_b
                 gemm_m=m, gemm_n=n, gemm_k=k, dep=dep)
 
 
+def _role(role: str) -> int:
+    return NPU if role == "npu" else CPU
+
+
 def _attention_row(geo, ctx, layer, role) -> dict:
     cost = geo.attention_op(layer, ctx, role).cost
     q, kv, h = geo.n_heads * geo.head_dim, geo.n_kv_heads * geo.head_dim, geo.hidden
@@ -123,89 +127,138 @@ def _attention_row(geo, ctx, layer, role) -> dict:
     return _cost_row("attention", _role(role), layer, cost, CHAIN, proj * ctx.weight_bytes(role), attn)
 
 
-def _role(role: str) -> int:
-    return NPU if role == "npu" else CPU
+def _group_rows(groups, layer, H, I, db, npu_wb) -> np.ndarray:
+    """devices.cost.expert_ffn_cost of every static group of a layer at once (same arithmetic, same order), as
+    rows of a [n, len(COLUMNS)] block."""
+    G = np.array([len(g.experts) for g in groups], dtype=np.int64)
+    C = np.array([g.capacity for g in groups], dtype=np.int64)
+    npu = np.array([g.resident for g in groups], dtype=bool)
+    wb = np.where(npu, npu_wb or db, db)
+    block = np.zeros((len(groups), len(COLUMNS)))
+    for name, v in dict(kind=KIND["expert_group"], role=np.where(npu, NPU, CPU), layer=layer,
+                        flops=6.0 * G * C * H * I, bytes=3.0 * G * H * I * wb + 2.0 * G * C * H * db,
+                        weight_bytes=3.0 * G * H * I * wb, rows=C, calls=1, gemm_m=C, gemm_n=I, gemm_k=H,
+                        dep=BRANCH).items():
+        block[:, _COL[name]] = v
+    return block
 
 
-def _dense_row(kind, role, layer, cost, in_f, out_f, wb) -> dict:
-    return _cost_row(kind, _role(role), layer, cost, CHAIN, in_f * out_f * wb)
+_COL = {c: i for i, c in enumerate(COLUMNS)}
 
 
-def build_stream(geometry, executor, counts: RoutingCounts, *, attention: str = "npu", dtype_bytes: int = 2,
-                 npu_weight_bytes: int | None = None) -> OpStream:
-    """The op stream `replay_prefill(geometry, executor, ...)` records for a prompt routed as `counts`.
-    `executor`: a PlanExecutor (its static layouts: groups, capacities, cold experts) or None (HF's experts)."""
-    C, chunk, T = counts.n_chunks, counts.chunk, counts.prompt_len
+def _block(row: dict) -> np.ndarray:
+    out = np.zeros((1, len(COLUMNS)))
+    for k, v in row.items():
+        out[0, _COL[k]] = v
+    return out
+
+
+@dataclass
+class _Template:
+    """One chunk's ops of a (geometry, executor, chunk, attention role, sizes): every row whose cost is the same in
+    every chunk, placeholders (`fill`) for the rows that vary, and each MoE layer's static capacities."""
+    cols: dict                 # column -> [S] (the rest-of-chunk row last)
+    attention: np.ndarray      # row indices of the attention ops
+    fill: list                 # (row, "cold" | "spill" | "hf", MoE index, spec)
+    per_layer: list            # (MoE index, capacity [E], dynamic cold mask [E], static rows, spill)
+
+
+def _static_part(executor, layer: int, E: int):
+    """(static groups in buffer order, capacity [E], dynamic cold mask [E], static rows) of a layer: what
+    `PlanExecutor.static_layout` packs (resident groups, and cold ones in static cold mode; capacity 0 elsewhere)."""
+    lay = executor.layout.layer(layer)
+    static = [g for g in lay.groups if g.resident or executor.cold == "static"]
+    cap, cold = np.zeros(E, np.int64), np.zeros(E, bool)
+    for g in static:
+        cap[list(g.experts)] = g.capacity
+    if executor.cold == "dynamic":
+        for g in lay.groups:
+            if not g.resident:
+                cold[list(g.experts)] = True
+    return static, cap, cold, sum(len(g.experts) * g.capacity for g in static)
+
+
+def _template(geometry, executor, layers, E, chunk, attention, db, npu_wb) -> _Template:
     moe = geometry.moe_layers
-    pos = {layer: j for j, layer in enumerate(counts.layers)}
+    pos = {layer: j for j, layer in enumerate(layers)}
     H = geometry.hidden
     ctx0 = ChunkContext(index=0, past=0, n_real=chunk, length=chunk, clock=None, numerics=False,
-                        dtype_bytes=dtype_bytes, npu_weight_bytes=npu_weight_bytes)
-    db = dtype_bytes
-    n_real = np.minimum(chunk, T - np.arange(C) * chunk)
-    stream = OpStream({}, n_tokens=T)
-    # one chunk's template: rows whose cost is the same in every chunk; marked rows are filled per chunk below
-    tmpl, fill = [], []     # fill: (template row, what): "attention" | ("cold"|"spill", moe index) | ("hf", j)
-    per_layer = []          # (moe index, capacity [E], dynamic cold mask [E], total rows, spill) per MoE layer
+                        dtype_bytes=db, npu_weight_bytes=npu_wb)
+    blocks, fill, att, per_layer, n = [], [], [], [], 0
+
+    def add(block):
+        nonlocal n
+        blocks.append(block)
+        n += len(block)
+
+    def placeholder(what):
+        fill.append((n, *what))
+        add(_block({}))
+
     for layer in range(geometry.n_layers):
-        fill.append((len(tmpl), "attention"))
-        tmpl.append(None)
+        att.append(n)
+        add(_block({"kind": KIND["attention"], "layer": layer}))
         spec = moe.get(layer)
         if spec is None:
             continue
         j = pos[layer]
         shared = spec.n_shared_experts > 0
         if shared:
-            sh = geometry.shared_op(layer, ctx0, attention)
-            shared_row = _dense_row("shared_experts", attention, layer, sh.cost, H, 3 * geometry.shared_intermediate,
-                                    ctx0.weight_bytes(attention))
+            sh = geometry.shared_op(layer, ctx0, attention).cost
+            m, k_ = 3 * geometry.shared_intermediate, ctx0.weight_bytes(attention)
+            shared_row = _block(_cost_row("shared_experts", _role(attention), layer, sh, CHAIN, H * m * k_))
         if shared and geometry.shared_first:
-            tmpl.append(shared_row)
-        r = geometry.router_op(layer, ctx0)
-        tmpl.append(_dense_row("router", "cpu", layer, r.cost, H, spec.n_experts, db))
-        I, K, E = spec.intermediate, spec.top_k, spec.n_experts
+            add(shared_row)
+        add(_block(_cost_row("router", CPU, layer, geometry.router_op(layer, ctx0).cost, CHAIN,
+                             H * spec.n_experts * db)))
         if executor is None:
-            fill.append((len(tmpl), ("hf", j, spec)))
-            tmpl.append(None)
+            placeholder(("hf", j, spec))
         else:
-            layout, cold = executor.static_layout(layer)
-            n_assign = chunk * K
-            tmpl.append(_cost_row("dispatch", CPU, layer, memory_cost(n_assign * 16, "dispatch"), CHAIN, 0))
-            R = layout.total_rows
-            tmpl.append(_cost_row("pack", CPU, layer, memory_cost(2 * R * H * db, "pack"), CHAIN, 0))
-            for gs in layout.groups:
-                G, role = len(gs.experts), ("npu" if gs.resident else "cpu")
-                wb = ctx0.weight_bytes(role)
-                cost = expert_ffn_cost(G, gs.capacity, H, I, dtype_bytes=db, weight_bytes=wb)
-                tmpl.append(_cost_row("expert_group", _role(role), layer, cost, BRANCH, 3.0 * G * H * I * wb))
-            dyn_cold = cold.numpy() if executor.cold == "dynamic" else np.zeros(E, dtype=bool)
-            cap = layout.capacity.numpy().astype(np.int64)
-            cap = np.concatenate([cap, np.zeros(max(0, counts.real.shape[2] - len(cap)), np.int64)])
-            dyn_cold = np.concatenate([dyn_cold, np.zeros(len(cap) - len(dyn_cold), bool)])
-            per_layer.append((j, cap, dyn_cold, R, executor.spill, spec))
-            fill.append((len(tmpl), ("cold", j, spec)))
-            tmpl.append(None)
+            static, cap, dyn_cold, R = _static_part(executor, layer, E)
+            n_assign = chunk * spec.top_k
+            add(_block(_cost_row("dispatch", CPU, layer, memory_cost(n_assign * 16, "dispatch"), CHAIN, 0)))
+            add(_block(_cost_row("pack", CPU, layer, memory_cost(2 * R * H * db, "pack"), CHAIN, 0)))
+            if static:
+                add(_group_rows(static, layer, H, spec.intermediate, db, npu_wb))
+            per_layer.append((j, cap, dyn_cold, R, bool(executor.spill)))
+            placeholder(("cold", j, spec))
             if executor.spill:
-                fill.append((len(tmpl), ("spill", j, spec)))
-                tmpl.append(None)
-            tmpl.append(_cost_row("scatter", CPU, layer, memory_cost(2 * n_assign * H * db, "scatter"), JOIN, 0))
+                placeholder(("spill", j, spec))
+            add(_block(_cost_row("scatter", CPU, layer, memory_cost(2 * n_assign * H * db, "scatter"), JOIN, 0)))
         if shared and not geometry.shared_first:
-            tmpl.append(shared_row)
-    S = len(tmpl) + 1                                   # + the rest of the chunk
-    cols = {c: np.zeros((C, S), dtype=np.float64 if c in _FLOAT else np.int64) for c in COLUMNS}
+            add(shared_row)
+    add(_block({"kind": KIND["other"], "role": CPU, "layer": -1}))     # the rest of the chunk, filled per chunk
+    table = np.concatenate(blocks)
+    cols = {c: table[:, i].astype(np.float64 if c in _FLOAT else np.int64) for i, c in enumerate(COLUMNS)}
+    return _Template(cols, np.array(att, dtype=np.int64), fill, per_layer)
+
+
+def build_stream(geometry, executor, counts: RoutingCounts, *, attention: str = "npu", dtype_bytes: int = 2,
+                 npu_weight_bytes: int | None = None) -> OpStream:
+    """The op stream `replay_prefill(geometry, executor, ...)` records for a prompt routed as `counts`.
+    `executor`: a PlanExecutor (its static layouts: groups, capacities, cold experts) or None (HF's experts).
+    The static part of a chunk is built once per executor and reused for every prompt."""
+    C, chunk, T = counts.n_chunks, counts.chunk, counts.prompt_len
+    E, db = counts.real.shape[2], dtype_bytes
+    key = (geometry, counts.layers, E, chunk, attention, db, npu_weight_bytes)
+    cache = {} if executor is None else executor.__dict__.setdefault("_stream_templates", {})
+    tp = cache.get(key)
+    if tp is None:
+        tp = cache[key] = _template(geometry, executor, counts.layers, E, chunk, attention, db, npu_weight_bytes)
+    S = len(tp.cols["kind"])
+    cols = {c: np.repeat(v[None, :], C, axis=0) for c, v in tp.cols.items()}
     keep = np.ones((C, S), dtype=bool)
-    for s, row in enumerate(tmpl):
-        if row is not None:
-            for c, v in row.items():
-                cols[c][:, s] = v
+    stream = OpStream({}, n_tokens=T)
+    H = geometry.hidden
     # per-(chunk, layer) counts -> the static path's accounting and the dynamic ops' sizes, all layers at once
     dyn = {}
-    if per_layer:
-        js = [p[0] for p in per_layer]
-        cap = np.stack([p[1] for p in per_layer])               # [Lm, E]
-        cold = np.stack([p[2] for p in per_layer])
-        rows = np.array([p[3] for p in per_layer])
-        cnt = counts.real[:, js]                                # [C, Lm, E]
+    if tp.per_layer:
+        js = [p[0] for p in tp.per_layer]
+        cap = np.stack([p[1] for p in tp.per_layer])               # [Lm, E]
+        cold = np.stack([p[2] for p in tp.per_layer])
+        rows = np.array([p[3] for p in tp.per_layer])
+        spill = np.array([p[4] for p in tp.per_layer])
+        cnt = counts.real[:, js]                                   # [C, Lm, E]
         load = np.where(cold, 0, cnt)
         kept = np.minimum(load, cap)
         over = load - kept
@@ -214,39 +267,33 @@ def build_stream(geometry, executor, counts: RoutingCounts, *, attention: str = 
         stream.routed = int(cnt.sum())
         stream.slots = int(rows.sum()) * C
         stream.padded = int((rows[None, :] - kept.sum(2)).sum())
-        spill = np.array([p[4] for p in per_layer])
         stream.spilled = int((n_over * spill[None, :]).sum())
         stream.dropped = int(n_over.sum()) - stream.spilled
         for i, j in enumerate(js):
             dyn[("cold", j)] = (cold_load[:, i], cold_exp[:, i])
             dyn[("spill", j)] = (n_over[:, i], over_exp[:, i])
-    for s, what in fill:
-        if what == "attention":
-            continue                                    # filled per chunk below
-        name, j, spec = what
-        I = spec.intermediate
+    for s, name, j, spec in tp.fill:
         if name == "hf":
-            loads, n_exp = np.full(C, chunk * spec.top_k), counts.touched[:, j]
-            present = np.ones(C, dtype=bool)
+            loads, n_exp, present = np.full(C, chunk * spec.top_k), counts.touched[:, j], np.ones(C, dtype=bool)
         else:
             loads, n_exp = dyn[(name, j)]
             present = loads > 0
-        _dynamic_columns(cols, s, loads, np.maximum(1, n_exp), H, I, db, spec.layer,
+        _dynamic_columns(cols, s, loads, np.maximum(1, n_exp), H, spec.intermediate, db, spec.layer,
                          "experts_hf" if name == "hf" else "experts_dynamic")
         keep[:, s] &= present
-    # attention: its cost depends on the chunk (KV length); same in every layer
-    att_slots = [s for s, what in fill if what == "attention"]
+    # attention (its cost depends on the chunk's KV length; the same in every layer) and the rest of the chunk
+    n_real = np.minimum(chunk, T - np.arange(C) * chunk)
     for c in range(C):
         ctx = ChunkContext(index=c, past=c * chunk, n_real=int(n_real[c]), length=chunk, clock=None,
                            numerics=False, dtype_bytes=dtype_bytes, npu_weight_bytes=npu_weight_bytes)
         row = _attention_row(geometry, ctx, 0, attention)
         for col, v in row.items():
-            cols[col][c, att_slots] = v
+            if col != "layer":
+                cols[col][c, tp.attention] = v
         rest = geometry.rest_op(ctx, last=c * chunk + chunk >= T, measured=False).cost
         wb = geometry.hidden * geometry.vocab * db if c == C - 1 else 0.0
         for col, v in _cost_row("other", CPU, -1, rest, CHAIN, wb).items():
             cols[col][c, S - 1] = v
-    cols["layer"][:, att_slots] = np.arange(geometry.n_layers)[None, :]
     cols["chunk"][:] = np.arange(C)[:, None]
     cols["seq"][:] = np.arange(S)[None, :]
     flat = keep.reshape(-1)
