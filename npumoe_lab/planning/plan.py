@@ -196,6 +196,24 @@ def _platform(platform):
     return get_platform(platform)
 
 
+def _memo(profile, key, make):
+    """`make()` once per calibration profile and key (the profile's counts are what every part is computed from)."""
+    memo = profile.__dict__.setdefault("_plan_parts", {})
+    if key not in memo:
+        if len(memo) >= 4096:          # a long sweep over knobs on one profile: keep memory bounded
+            memo.clear()
+        memo[key] = make()
+    return memo[key]
+
+
+def _tiers(counts, chunk, spec, tiers, percentile, align, min_capacity, multipliers, rule, uniform_slack,
+           top_fraction):
+    assign = assign_tiers(counts, chunk, spec.top_k, spec.n_experts, n_tiers=tiers, percentile=percentile,
+                          align=align, min_capacity=min_capacity, multipliers=multipliers, rule=rule,
+                          uniform_slack=uniform_slack, top_fraction=top_fraction)
+    return assign, expected_kept_tokens(assign, counts)
+
+
 def build_plan(profile, model_or_specs=None, platform="m2-max", **knobs) -> Plan:
     """Plan for every calibrated MoE layer. `profile`: a CalibrationProfile or its directory. `model_or_specs`:
     the model (its fingerprint must match the profile's), a list of MoELayerSpec, or None (specs stored in the
@@ -236,20 +254,27 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", **knobs) -> Plan
             raise NpuMoeError(f"layer {spec.layer}: the profile has {counts.shape[0]} experts, the model "
                               f"{spec.n_experts}; calibrate this model")
         counts = np.pad(counts, ((0, spec.n_experts - counts.shape[0]), (0, 0)))   # never-routed experts
-        assign = assign_tiers(counts, profile.chunk, spec.top_k, spec.n_experts, n_tiers=tiers,
-                              percentile=percentile, align=align, min_capacity=min_capacity, multipliers=multipliers,
-                              rule=capacity_rule, uniform_slack=uniform_slack, top_fraction=top_fraction)
-        kept = expected_kept_tokens(assign, counts)
-        coact = profile.coactivation_matrix(spec.layer) if order == "coactivation" else None
-        groups, notes = make_groups_with_notes(assign.tier, assign.capacity, kept, group_size, order, coact,
-                                               hidden=spec.hidden, intermediate=spec.intermediate,
-                                               dtype_bytes=weight_size, graph_limit_bytes=limit, max_dim=max_dim,
-                                               strict=strict)
+        shape = (spec.layer, spec.n_experts, spec.top_k, spec.hidden, spec.intermediate)
+        tier_args = (tiers, percentile, align, min_capacity, repr(multipliers), capacity_rule, uniform_slack,
+                     top_fraction)
+        # tiers and groups depend on the counts and these knobs only: plans of several variants and platforms
+        # from one profile (a simulation's grid) share them
+        assign, kept = _memo(profile, ("tiers", shape, tier_args), lambda: _tiers(
+            counts, profile.chunk, spec, tiers, percentile, align, min_capacity, multipliers, capacity_rule,
+            uniform_slack, top_fraction))
+        group_args = (group_size, order, weight_size, limit, max_dim, strict)
+        groups, notes = _memo(profile, ("groups", shape, tier_args, group_args), lambda: make_groups_with_notes(
+            assign.tier, assign.capacity, kept, group_size, order,
+            profile.coactivation_matrix(spec.layer) if order == "coactivation" else None, hidden=spec.hidden,
+            intermediate=spec.intermediate, dtype_bytes=weight_size, graph_limit_bytes=limit, max_dim=max_dim,
+            strict=strict))
+        notes = list(notes)
         thr = hot_threshold
         if residency == "threshold" and thr is None:
             thr = profile.chunk * spec.top_k / spec.n_experts
         routed = counts.mean(axis=1)         # expected routed tokens per chunk per expert: the CPU's load
-        loads = [float(sum(routed[e] for e in g.experts)) for g in groups]
+        routed_ = routed.tolist()            # Python floats: the same sums, without a NumPy scalar per expert
+        loads = [float(sum(routed_[e] for e in g.experts)) for g in groups]
         flags += assign_residency(groups, residency, thr, plat, spec, None, dtype_bytes, loads=loads)
         all_groups += groups
         layers.append({"layer": spec.layer, "n_experts": spec.n_experts, "top_k": spec.top_k, "hidden": spec.hidden,

@@ -14,6 +14,7 @@ stream priced once per draw set.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import time
 from dataclasses import dataclass
@@ -66,10 +67,16 @@ def variant_executor(variant, specs, profile, platform, knobs: dict):
     if variant.experts == "hf":
         return None, None
     if variant.experts == "dynamic":
-        return PlanExecutor(ExecutionLayout.dropless(specs), [], cold="dynamic"), None
+        return PlanExecutor(_dropless(tuple(specs)), [], cold="dynamic"), None
     plan = variant_plan(profile, variant.name, specs, platform=platform,
                         **{k: v for k, v in knobs.items() if v is not None})
     return PlanExecutor(plan, [], spill=variant.spill), plan
+
+
+@functools.lru_cache(maxsize=16)
+def _dropless(specs: tuple) -> ExecutionLayout:
+    """The dynamic dropless layout of a geometry (the same for every chunk and platform: built once)."""
+    return ExecutionLayout.dropless(specs)
 
 
 def _by_layout(variant, specs, profile, plats, knobs) -> list:
