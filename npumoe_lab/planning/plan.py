@@ -277,13 +277,17 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", **knobs) -> Plan
         loads = [float(sum(routed_[e] for e in g.experts)) for g in groups]
         flags += assign_residency(groups, residency, thr, plat, spec, None, dtype_bytes, loads=loads)
         all_groups += groups
+        static = _memo(profile, ("entry", shape, tier_args, group_args), lambda: dict(
+            capacity=assign.capacity.tolist(), tier=assign.tier.tolist(), tier_capacities=list(assign.tier_capacities),
+            groups=[g.to_dict() | {"expected_tokens": round(g.expected_tokens, 4)} for g in groups],
+            expected_padding=round(expected_padding(assign, counts), 6),
+            expected_drop_rate=round(expected_drop_rate(assign, counts), 6)))
         layers.append({"layer": spec.layer, "n_experts": spec.n_experts, "top_k": spec.top_k, "hidden": spec.hidden,
-                       "intermediate": spec.intermediate, "capacity": assign.capacity.tolist(),
-                       "tier": assign.tier.tolist(), "tier_capacities": list(assign.tier_capacities),
-                       "groups": [g.to_dict() | {"expected_tokens": round(g.expected_tokens, 4)} for g in groups],
-                       "expected_padding": round(expected_padding(assign, counts), 6),
-                       "expected_drop_rate": round(expected_drop_rate(assign, counts), 6),
-                       "hot_threshold": thr, "notes": notes})
+                       "intermediate": spec.intermediate, "capacity": list(static["capacity"]),
+                       "tier": list(static["tier"]), "tier_capacities": list(static["tier_capacities"]),
+                       "groups": [{**g, "experts": list(g["experts"])} for g in static["groups"]],
+                       "expected_padding": static["expected_padding"],
+                       "expected_drop_rate": static["expected_drop_rate"], "hot_threshold": thr, "notes": notes})
     flags = iter(fit_budget(all_groups, flags, npu_memory_budget_bytes))   # one budget over all layers
     for lp in layers:
         for g in lp["groups"]:

@@ -30,18 +30,17 @@ class _Reduced:
         c = stream.cols
         if len(c["dep"]) and c["dep"][0] == BRANCH:
             raise NpuMoeError("an op stream cannot start with a BRANCH op (it needs a CHAIN op to fork from)")
-        key = np.stack([c["role"], c["flops"], c["bytes"], c["calls"], c["gemm_m"], c["gemm_n"], c["gemm_k"]],
-                       axis=1).astype(np.float64)
+        priced = ("role", "flops", "bytes", "calls", "gemm_m", "gemm_n", "gemm_k")
         if distinct:       # many draws: price each distinct op once (rows compared as raw bytes)
+            key = np.stack([c[k] for k in priced], axis=1).astype(np.float64)
             raw = np.ascontiguousarray(key).view(np.dtype((np.void, key.itemsize * key.shape[1]))).reshape(-1)
             _, first, inv = np.unique(raw, return_index=True, return_inverse=True)
-            uniq, inv = key[first], inv.reshape(-1)
+            inv = inv.reshape(-1)
+            self.cols = {k: c[k][first] for k in priced}
         else:              # one draw: every op priced once anyway
-            uniq, inv = key, np.arange(len(key))
-        U = len(uniq)
-        self.cols = {"role": uniq[:, 0].astype(np.int64), "flops": uniq[:, 1], "bytes": uniq[:, 2],
-                     "calls": uniq[:, 3].astype(np.int64), "gemm_m": uniq[:, 4].astype(np.int64),
-                     "gemm_n": uniq[:, 5].astype(np.int64), "gemm_k": uniq[:, 6].astype(np.int64)}
+            inv = np.arange(len(c["role"]))
+            self.cols = {k: c[k] for k in priced}
+        U = len(self.cols["role"])
         branch = c["dep"] == BRANCH
         block = np.cumsum(~branch) - 1
         self.head = np.bincount(inv[~branch], minlength=U).astype(np.float64)
@@ -49,11 +48,23 @@ class _Reduced:
         self.per_role = np.stack([np.bincount(inv[role == r], minlength=U) for r in (NPU, CPU)], 1).astype(float)
         self.branch_total = np.bincount(inv[branch], minlength=U).astype(np.float64)
         bb, rr, ii = block[branch], role[branch], inv[branch]
-        blocks, bcol = np.unique(bb, return_inverse=True)
-        self.n_blocks = len(blocks)
-        self.M = sparse.csr_matrix((np.ones(len(ii)), (ii, bcol.reshape(-1) * 2 + rr)), shape=(U, 2 * len(blocks)))
+        new = np.ones(len(bb), dtype=bool)          # block ids rise along the stream: number them by change
+        new[1:] = bb[1:] != bb[:-1]
+        bcol = np.cumsum(new) - 1
+        self.n_blocks = int(new.sum())
+        self.branch_key, self.branch_ops = bcol.reshape(-1) * 2 + rr, ii
+        self._M, self._shape = None, (U, 2 * self.n_blocks)
         self.npu_calls = int(c["calls"][role == NPU].sum())
         self.n = len(c["role"])
+
+
+    @property
+    def M(self):
+        """[distinct ops, blocks x 2] counts: how often each distinct op runs in each block's NPU / CPU branches."""
+        if self._M is None:
+            self._M = sparse.csr_matrix((np.ones(len(self.branch_ops)), (self.branch_ops, self.branch_key)),
+                                        shape=self._shape)
+        return self._M
 
 
 def _reduced(stream, distinct: bool = True) -> _Reduced:
@@ -73,6 +84,9 @@ def stream_metrics(stream, params: dict, shared: bool) -> dict:
     busy = d @ r.per_role                                              # (D, 2): npu, cpu
     if shared:
         ttft = d @ (r.head + r.branch_total)
+    elif D == 1:          # one draw: the branch blocks' sums by bincount (no matrix needed)
+        b = np.bincount(r.branch_key, weights=d[0, r.branch_ops], minlength=2 * r.n_blocks).reshape(-1, 2)
+        ttft = d @ r.head + b.max(axis=1).sum()
     else:
         b = (r.M.T @ d.T).T.reshape(D, r.n_blocks, 2) if r.n_blocks else np.zeros((D, 0, 2))
         ttft = d @ r.head + b.max(axis=2).sum(axis=1)

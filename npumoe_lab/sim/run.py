@@ -35,7 +35,7 @@ from npumoe_lab.execution.timeline import to_frame
 from npumoe_lab.utils import progress, provenance
 from npumoe_lab.planning.variants import parse_variants
 from npumoe_lab.sim.geometries import list_geometries, load_geometry
-from npumoe_lab.sim.array_replay import summarize_stream
+from npumoe_lab.sim.array_replay import interval_columns, stream_metrics, summarize_stream
 from npumoe_lab.sim.pricing import draws_source, parameter_draws
 from npumoe_lab.sim.replay import replay_prefill
 from npumoe_lab.sim.stream import build_stream, routing_counts
@@ -52,6 +52,7 @@ class StreamResult:
     stream: object                   # stream.OpStream
     platform: object
     summary: dict
+    draws: dict | None = None        # {metric: (D,) array} under the parameter draws (array_replay.stream_metrics)
 
 
 def _list(value, cast=str) -> list:
@@ -62,15 +63,23 @@ def _list(value, cast=str) -> list:
         raise NpuMoeError(f"{value!r} is not a comma list of {cast.__name__}s") from None
 
 
-def variant_executor(variant, specs, profile, platform, knobs: dict):
-    """(executor or None for HF's experts, plan or None) of a variant, built exactly as `run` builds it."""
+def variant_executor(variant, specs, profile, platform, knobs: dict, memo: dict | None = None):
+    """(executor or None for HF's experts, plan or None) of a variant, built exactly as `run` builds it. `memo`:
+    a dict shared by the calls of one simulation, so that variants whose plans are the same (npumoe and
+    npumoe-spill: they differ in the executor only) build and compile it once."""
     if variant.experts == "hf":
         return None, None
     if variant.experts == "dynamic":
         return PlanExecutor(_dropless(tuple(specs)), [], cold="dynamic"), None
-    plan = variant_plan(profile, variant.name, specs, platform=platform,
-                        **{k: v for k, v in knobs.items() if v is not None})
-    return PlanExecutor(plan, [], spill=variant.spill), plan
+    given = {k: v for k, v in knobs.items() if v is not None}
+    key = (id(profile), id(platform), tuple(sorted({**given, **variant.plan_overrides}.items(), key=str)))
+    if memo is None or key not in memo:
+        plan = variant_plan(profile, variant.name, specs, platform=platform, **given)
+        built = (plan, plan.compile())
+        if memo is not None:
+            memo[key] = built
+    plan, layout = memo[key] if memo is not None else built
+    return PlanExecutor(layout, [], spill=variant.spill), plan
 
 
 @functools.lru_cache(maxsize=16)
@@ -79,11 +88,11 @@ def _dropless(specs: tuple) -> ExecutionLayout:
     return ExecutionLayout.dropless(specs)
 
 
-def _by_layout(variant, specs, profile, plats, knobs) -> list:
+def _by_layout(variant, specs, profile, plats, knobs, memo=None) -> list:
     """[(executor, [(platform, plan), ...]), ...]: one executor per distinct layout of the variant's plans."""
     groups = {}
     for plat in plats:
-        executor, plan = variant_executor(variant, specs, profile, plat, knobs)
+        executor, plan = variant_executor(variant, specs, profile, plat, knobs, memo)
         # one op stream for platforms with the same layout and the same stored NPU weight size (op bytes follow it)
         key = (executor.layout.layers if executor is not None else None, getattr(plat.npu, "weight_bytes", None))
         groups.setdefault(key, (executor, []))[1].append((plat, plan))
@@ -97,6 +106,15 @@ def _row(name, src, v, plat, plan, t, c, weights, summary, prov, knobs) -> dict:
                 numerics_source="none", weights=weights, plan_hash=getattr(plan, "hash", None),
                 platform_kind=plat.kind, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **summary, **prov,
                 **{("n_tiers" if k == "tiers" else k): val for k, val in knobs.items()})
+
+
+def _priced(stream, platform, draws) -> StreamResult:
+    """The stream's summary on `platform`, with its metrics under the parameter draws and their 90 % interval."""
+    summary = summarize_stream(stream, platform)
+    if draws is None:
+        return StreamResult(stream, platform, summary)
+    metrics = stream_metrics(stream, draws, platform.npu_shares_cpu)
+    return StreamResult(stream, platform, {**summary, **interval_columns(metrics)}, metrics)
 
 
 def simulate(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="m2-max", variants="all",
@@ -159,10 +177,11 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
             for c in chunks:
                 profile = src.calibration_profile(specs, c, seed)
                 # per variant: platforms whose plans have the same layout share one op stream, priced on each
-                built = {v.name: _by_layout(v, specs, profile, plats, plan_knobs) for v in vlist}
+                memo = {}
+                built = {v.name: _by_layout(v, specs, profile, plats, plan_knobs, memo) for v in vlist}
                 for t in prompts:
                     routed = src.chunks(specs, t, c, seed)
-                    counts = routing_counts(routed, specs, t, c) if engine == "array" else None
+                    counts = routing_counts(routed, specs, t, c) if engine == "array" or draws else None
                     for v in vlist:
                         for executor, members in built[v.name]:
                             configs = [PrefillConfig(p, c, attention=v.attention) for p, _ in members]
@@ -170,10 +189,16 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
                                 stream = build_stream(geo, executor, counts, attention=v.attention,
                                                       dtype_bytes=configs[0].dtype_bytes,
                                                       npu_weight_bytes=configs[0].npu_weight_bytes)
-                                results = [StreamResult(stream, p, summarize_stream(stream, p, drawn.get(id(p))))
-                                           for p, _ in members]
+                                results = [_priced(stream, p, drawn.get(id(p))) for p, _ in members]
                             else:
                                 results = replay_prefill(geo, executor, configs[0], routed, t, also_on=configs[1:])
+                                if draws:     # the interval from the same ops as arrays (a test holds them equal)
+                                    stream = build_stream(geo, executor, counts, attention=v.attention,
+                                                          dtype_bytes=configs[0].dtype_bytes,
+                                                          npu_weight_bytes=configs[0].npu_weight_bytes)
+                                    for res, (p, _) in zip(results, members):
+                                        res.summary.update(interval_columns(stream_metrics(
+                                            stream, drawn[id(p)], p.npu_shares_cpu)))
                             for (plat, plan), res in zip(members, results):
                                 bar.update(1)
                                 yield _row(name, src, v, plat, plan, t, c, weights, {**res.summary, **extra(plat)},
@@ -198,7 +223,7 @@ def register_cli(sub) -> None:
                    help="NPU weight storage: fp16, or int8 dequantized on the NPU (half the bytes streamed)")
     p.add_argument("--seed", type=int, default=0)
     add_knob_arguments(p, with_defaults=False)       # unset: each variant's plan defaults
-    p.add_argument("--draws", type=int, default=0,
+    p.add_argument("--draws", type=int, default=200,
                    help="parameter draws for the 90%% interval columns (*_lo/_hi); the platform's posterior, else a "
                         "prior from its sourced alternatives (0: none)")
     p.add_argument("--engine", default="array", choices=ENGINES,
