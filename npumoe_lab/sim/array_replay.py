@@ -18,7 +18,7 @@ from scipy import sparse
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.timeline import MODELED
 from npumoe_lab.sim.pricing import INTERVAL, parameter_draws, platform_params, price_stream
-from npumoe_lab.sim.stream import BRANCH, CPU, NPU
+from npumoe_lab.sim.stream import BRANCH, CPU, JOIN, NPU
 
 INTERVAL_METRICS = ("ttft_s", "energy_per_token_mj", "cpu_cycles")
 
@@ -156,5 +156,36 @@ def expert_ffn_and_scatter_s(stream, platform) -> tuple[float, float]:
     return float(d[ffn].sum()), float(d[k == KIND["scatter"]].sum())
 
 
-__all__ = ["stream_metrics", "summarize_stream", "interval_columns", "expert_ffn_and_scatter_s",
+def stream_events(stream, platform) -> list:
+    """The stream as scheduled timeline Events (names and dependencies as the engine records them), for the
+    per-op views (the explorer's timeline panel): priced on `platform`, placed by `timeline.schedule`."""
+    from npumoe_lab.execution.ops import OP_KINDS
+    from npumoe_lab.execution.timeline import Event, schedule
+    c = stream.cols
+    d = price_stream(platform_params(platform), stream)[0]
+    names = {"expert_group": None, "experts_dynamic": None, "experts_hf": "experts"}
+    events, fork, branches = [], None, []
+    for i in range(len(c["kind"])):
+        kind, dep = OP_KINDS[c["kind"][i]], int(c["dep"][i])
+        name = names.get(kind, kind)
+        if kind == "expert_group":
+            name = f"group{int(c['group'][i])}"
+        elif kind == "experts_dynamic":
+            name = "spill" if c["spill"][i] else "cold"
+        if dep == BRANCH:
+            deps = (fork,)
+            branches.append(i)
+        elif dep == JOIN:
+            deps, branches = tuple(branches) or (fork,), []
+        else:
+            deps = (i - 1,) if i else ()
+        if dep != BRANCH:
+            fork = i
+        events.append(Event.trusted(name, int(c["chunk"][i]), int(c["layer"][i]), "npu" if c["role"][i] == NPU
+                                    else "cpu", float(d[i]), float(c["flops"][i]), float(c["bytes"][i]), MODELED,
+                                    deps, int(c["calls"][i])))
+    return schedule(events, platform.npu_shares_cpu)
+
+
+__all__ = ["stream_events", "stream_metrics", "summarize_stream", "interval_columns", "expert_ffn_and_scatter_s",
            "parameter_draws", "INTERVAL_METRICS"]

@@ -9,7 +9,8 @@ in the engine's submission order (`replay.replay_prefill`):
 
     kind (ops.OP_KINDS code), role (0 npu, 1 cpu), layer, chunk, flops, bytes, weight_bytes (stored weight bytes
     read; 0 if none), attn_flops (activation x activation FLOPs of attention), rows (rows per GEMM), calls,
-    gemm_m, gemm_n, gemm_k (0 = no GEMM), seq (op index within its chunk), dep (CHAIN / BRANCH / JOIN below)
+    gemm_m, gemm_n, gemm_k (0 = no GEMM), seq (op index within its chunk), dep (CHAIN / BRANCH / JOIN below),
+    group (a static group's id in its layer, else -1), spill (1: the overflow computed on the CPU, else 0)
 
 Dependencies (what the engine's clock records): CHAIN = after the previous op; BRANCH = after the last CHAIN op
 (a MoE layer's static groups and cold / spilled experts all start after pack); JOIN = after every BRANCH since
@@ -30,7 +31,7 @@ KIND = {k: i for i, k in enumerate(OP_KINDS)}
 NPU, CPU = 0, 1
 CHAIN, BRANCH, JOIN = 0, 1, 2
 COLUMNS = ("kind", "role", "layer", "chunk", "flops", "bytes", "weight_bytes", "attn_flops", "rows", "calls",
-           "gemm_m", "gemm_n", "gemm_k", "seq", "dep")
+           "gemm_m", "gemm_n", "gemm_k", "seq", "dep", "group", "spill")
 _FLOAT = ("flops", "bytes", "weight_bytes", "attn_flops")
 
 
@@ -138,7 +139,7 @@ def _group_rows(groups, layer, H, I, db, npu_wb) -> np.ndarray:
     for name, v in dict(kind=KIND["expert_group"], role=np.where(npu, NPU, CPU), layer=layer,
                         flops=6.0 * G * C * H * I, bytes=3.0 * G * H * I * wb + 2.0 * G * C * H * db,
                         weight_bytes=3.0 * G * H * I * wb, rows=C, calls=1, gemm_m=C, gemm_n=I, gemm_k=H,
-                        dep=BRANCH).items():
+                        dep=BRANCH, group=np.array([g.id for g in groups])).items():
         block[:, _COL[name]] = v
     return block
 
@@ -148,6 +149,7 @@ _COL = {c: i for i, c in enumerate(COLUMNS)}
 
 def _block(row: dict) -> np.ndarray:
     out = np.zeros((1, len(COLUMNS)))
+    out[0, _COL["group"]] = -1
     for k, v in row.items():
         out[0, _COL[k]] = v
     return out
@@ -193,7 +195,7 @@ def _template(geometry, executor, layers, E, chunk, attention, db, npu_wb) -> _T
 
     def placeholder(what):
         fill.append((n, *what))
-        add(_block({}))
+        add(_block({"group": -1, "spill": int(what[0] == "spill")}))
 
     for layer in range(geometry.n_layers):
         att.append(n)

@@ -147,3 +147,23 @@ def test_one_draw_at_the_point_values_is_the_point_summary():
     many = {k: (np.full(3, v) if not k.endswith("_throughput_curve") else v) for k, v in point.items()}
     m = stream_metrics(stream, many, shared=False)
     assert np.allclose(m["ttft_s"], summarize_stream(stream, plat)["ttft_s"], rtol=1e-12)
+
+
+def test_stream_events_are_the_per_op_timeline():
+    """Names, roles, dependencies, start times and durations of the array stream's events equal the replay's."""
+    from npumoe_lab.sim.array_replay import stream_events
+    _, _, geo = load_geometry("phi-tiny-moe")
+    specs, plat = list(geo.moe), get_platform("m2-max")
+    src = parse_routing("synthetic:gini=0.6", specs, 0)
+    routed = src.chunks(specs, 600, 256, 0)
+    for name in ("npumoe-spill", "reference", "naive-npu"):
+        v = VARIANTS[name]
+        executor, _ = variant_executor(v, specs, src.calibration_profile(specs, 256, 0), plat, {})
+        config = PrefillConfig(plat, 256, attention=v.attention)
+        ref = replay_prefill(geo, executor, config, routed, 600)[0].events
+        got = stream_events(build_stream(geo, executor, routing_counts(routed, specs, 600, 256),
+                                         attention=v.attention), plat)
+        assert [(e.name, e.device, e.layer, e.chunk, e.deps) for e in got] == \
+            [(e.name, e.device, e.layer, e.chunk, e.deps) for e in ref]
+        np.testing.assert_allclose([e.start_s for e in got], [e.start_s for e in ref], rtol=1e-9, atol=1e-15)
+        np.testing.assert_allclose([e.duration_s for e in got], [e.duration_s for e in ref], rtol=1e-9, atol=1e-15)
