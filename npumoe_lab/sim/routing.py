@@ -110,7 +110,7 @@ class PopularityRouting:
     top_k: int = 1                               # experts per token (for the Gini before any run is sampled)
     _gini: dict = field(default_factory=dict, repr=False)       # layer -> Gini of the last sampled run's counts
     _profiles: dict = field(default_factory=dict, repr=False)   # (chunk, seed) -> sampled calibration profile
-    _sampled: dict = field(default_factory=dict, repr=False)    # the last run draw: (generator, chunks, counts)
+    _sampled: dict = field(default_factory=dict, repr=False)    # last run draws: (generator, chunks, counts)
     _calib_draws: dict = field(default_factory=dict, repr=False)   # (tokens, seed) -> [idx per layer]
 
     def gini(self) -> float:
@@ -127,8 +127,9 @@ class PopularityRouting:
         key = (tuple(s.layer for s in specs), chunk, seed)
         kept = self._sampled.get(key)
         if kept is None:
-            kept = self._sampled = {key: (np.random.default_rng(seed + 1), [], [])}
-            kept = kept[key]
+            if len(self._sampled) >= 4:          # the last few draws (one per chunk size of a grid), bounded
+                self._sampled.pop(next(iter(self._sampled)))
+            kept = self._sampled[key] = (np.random.default_rng(seed + 1), [], [])
         g, out, per_chunk = kept
         while len(out) < math.ceil(prompt_len / chunk):
             per_layer, counts = {}, {}

@@ -82,6 +82,19 @@ def variant_executor(variant, specs, profile, platform, knobs: dict, memo: dict 
     return PlanExecutor(layout, [], spill=variant.spill), plan
 
 
+def _routing_source(routing, specs: tuple, seed: int):
+    """The routing source of a spec: a string spec's source is kept for the next calls of this process (a sweep's
+    cells: the synthetic popularity's fit, the calibration draws and profiles are the same for the same spec)."""
+    if not isinstance(routing, str):
+        return parse_routing(routing, list(specs), seed)
+    return _cached_source(routing, specs, seed)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_source(routing: str, specs: tuple, seed: int):
+    return parse_routing(routing, list(specs), seed)
+
+
 @functools.lru_cache(maxsize=16)
 def _dropless(specs: tuple) -> ExecutionLayout:
     """The dynamic dropless layout of a geometry (the same for every chunk and platform: built once)."""
@@ -164,7 +177,7 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
             raise NpuMoeError(f"chunk and prompt length must be >= 1; got chunk {c}, prompt {t}")
         check_context(geo.context, c, f"--chunk {c} for geometry {name}")
         check_context(geo.context, t, f"--prompt-len {t} for geometry {name}")
-    sources = {name: parse_routing(routing, list(geo.moe), seed) for name, _, geo in geos}   # all checked first
+    sources = {name: _routing_source(routing, tuple(geo.moe), seed) for name, _, geo in geos}   # all checked first
     drawn = {id(p): parameter_draws(p, draws, seed) for p in plats} if draws else {}
     extra = lambda p: dict(interval_draws=draws, interval_source=draws_source(p)) if draws else {}   # noqa: E731
     prov = provenance()
