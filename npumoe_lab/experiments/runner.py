@@ -28,6 +28,8 @@ from npumoe_lab.results.metrics import ReferenceLogits, bootstrap_ci, logit_agre
 from npumoe_lab.models import describe, load_model, model_fingerprint
 from npumoe_lab.planning.plan import Plan, variant_plan
 from npumoe_lab.execution.runtime import PrefillConfig, check_context, chunked_prefill, run_prefill
+from npumoe_lab.sim.array_replay import mean_interval, ops_draw_metrics
+from npumoe_lab.sim.pricing import draws_source, parameter_draws
 from npumoe_lab.results.stats import change_statement, paired_exact
 from npumoe_lab.execution.timeline import to_frame
 from npumoe_lab.utils import progress, provenance, with_torch_threads
@@ -72,7 +74,8 @@ def _attach_variant(model, variant, specs, profile, config: PrefillConfig, knobs
 def run_experiment(model="tiny", workload="ruler-multikey", variants="all", platforms="cpu,m2-max",
                    prompt_len=1024, chunk=256, plan=None, repeats=None, n_samples=4, seed=0, out=None,
                    calib_workload="mixed", calib_tokens=8192, timeline=False, model_name=None, warmup=1,
-                   npu_backend=None, dtype=None, share_numerics=True, drift=False, **plan_knobs) -> pd.DataFrame:
+                   npu_backend=None, dtype=None, share_numerics=True, drift=False, draws: int = 0,
+                   **plan_knobs) -> pd.DataFrame:
     """Run every (variant, platform) on the workload's samples; returns (and writes to `out`) result rows.
     `repeats=None`: MEASURED_REPEATS on a measured platform (variants interleaved, host load recorded, median
     and IQR stored, rows flagged `host_busy` with one warning when the host was not quiet), 1 on a modeled one.
@@ -160,6 +163,9 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
             configs[v.name] = (interleave.snapshot(model_obj), used, config, mon, key,
                                shared.get(key) if share_numerics else None)
         per_rep = {v.name: [[] for _ in range(reps)] for v in vlist}
+        # modeled platforms: each sample's ops priced under parameter draws too (the rows' 90 % intervals)
+        drawn = parameter_draws(plat, draws, seed) if draws and plat.kind != "measured" else None
+        per_draw = {v.name: [[] for _ in range(reps)] for v in vlist}
         acc = {v.name: [] for v in vlist}
         mine = {v.name: [] for v in vlist}
         loads = {v.name: HostLoad() for v in vlist}
@@ -172,11 +178,14 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
                         src = prior[i] if prior else mine[v.name][i]
                         res = remodel(src, config, geometry, n_tokens=len(s.input_ids))
                         res.summary["numerics_from"] = src.platform
+                        ops = src.ops
                     else:
                         interleave.restore(model_obj, snap)
                         with loads[v.name].measuring():
                             res = run_prefill(model_obj, ids, config, measure_hf_experts=v.experts == "hf")
+                        ops = res.ops
                     per_rep[v.name][r].append(res.summary)
+                    per_draw[v.name][r].append(ops_draw_metrics(ops, plat, len(s.input_ids), drawn))
                     if timeline and r == 0:
                         tl = to_frame(res.events).assign(variant=v.name, platform=plat.name, sample=i)
                         tl_frames.append(tl)
@@ -219,6 +228,8 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
                     row["n_tiers" if k == "tiers" else k] = plan_knobs[k]
                 for col in m.columns:
                     row[col] = m[col].mean() if pd.api.types.is_numeric_dtype(m[col]) else m[col].iloc[0]
+                if drawn is not None:
+                    row.update(mean_interval(per_draw[v.name][r]), interval_source=draws_source(plat))
                 rows.append(row)
     warn_if_busy(rows)
     bar.close()
@@ -277,6 +288,9 @@ def register_cli(sub):
     p.add_argument("--calib-tokens", type=int, default=8192)
     add_knob_arguments(p, with_defaults=False)       # unset: the plan's / variant's own knobs
     p.add_argument("--timeline", action="store_true", help="also write the per-op timeline")
+    p.add_argument("--draws", type=int, default=200,
+                   help="modeled platforms: parameter draws for the 90%% interval columns (*_lo/_hi; the platform's "
+                        "posterior, else a prior from its sourced alternatives; 0: none)")
     p.add_argument("--npu-backend", default=None, choices=["torch", "onnxruntime", "coreml"],
                    help="what runs resident groups on a measured platform (default: torch in process)")
     p.add_argument("--threads", type=int, default=None,
@@ -297,7 +311,7 @@ def _cli_run(a: argparse.Namespace) -> int:
                         prompt_len=a.prompt_len, chunk=a.chunk, plan=a.plan, repeats=a.repeats,
                         n_samples=a.samples, seed=a.seed, out=a.out, calib_workload=a.calib_workload,
                         calib_tokens=a.calib_tokens, timeline=a.timeline, npu_backend=a.npu_backend,
-                        threads=a.threads, dtype=a.dtype, drift=a.drift, **knobs)
+                        threads=a.threads, dtype=a.dtype, drift=a.drift, draws=a.draws, **knobs)
     cols = ["variant", "platform", "timing_source", "ttft_s", "ttft_iqr_s", "host_busy", "energy_per_token_mj",
             "cpu_busy_s", "n_npu_calls", "drop_rate", "pad_rate", "score", "accuracy_delta"]
     print(median_table(df, [c for c in cols if c in df.columns]))

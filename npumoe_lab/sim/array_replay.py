@@ -16,9 +16,10 @@ import numpy as np
 from scipy import sparse
 
 from npumoe_lab.errors import NpuMoeError
-from npumoe_lab.execution.timeline import MODELED
+from npumoe_lab.execution.ops import OP_KINDS
+from npumoe_lab.execution.timeline import MODELED, Event, schedule
 from npumoe_lab.sim.pricing import INTERVAL, parameter_draws, platform_params, price_stream
-from npumoe_lab.sim.stream import BRANCH, CPU, JOIN, NPU
+from npumoe_lab.sim.stream import BRANCH, CPU, JOIN, KIND, NPU, stream_from_ops
 
 INTERVAL_METRICS = ("ttft_s", "energy_per_token_mj", "cpu_cycles")
 
@@ -146,10 +147,25 @@ def interval_columns(metrics: dict) -> dict:
     return out
 
 
+def ops_draw_metrics(ops, platform, n_tokens: int, draws: dict | None) -> dict | None:
+    """stream_metrics of a recorded prefill's ops (a modeled run) under the draws; None without draws or ops in the
+    engine's dependency pattern."""
+    stream = stream_from_ops(ops, n_tokens) if draws is not None and ops else None
+    return None if stream is None else stream_metrics(stream, draws, platform.npu_shares_cpu)
+
+
+def mean_interval(per_sample: list) -> dict:
+    """The 90 % interval of the samples' mean (per draw, averaged over the samples as the row's value is): `{m}_lo`
+    / `_hi`, plus interval_draws; {} when any sample has no draws."""
+    if not per_sample or any(m is None for m in per_sample):
+        return {}
+    mean = {k: np.mean([m[k] for m in per_sample], axis=0) for k in INTERVAL_METRICS}
+    return {**interval_columns(mean), "interval_draws": len(mean[INTERVAL_METRICS[0]])}
+
+
 def expert_ffn_and_scatter_s(stream, platform) -> tuple[float, float]:
     """Seconds of the expert FFN ops (groups, cold / spilled / HF experts) and of scatter (paper-check's
     breakdown), point parameters."""
-    from npumoe_lab.sim.stream import KIND
     d = price_stream(platform_params(platform), stream)[0]
     k = stream.cols["kind"]
     ffn = np.isin(k, [KIND["expert_group"], KIND["experts_dynamic"], KIND["experts_hf"]])
@@ -159,8 +175,6 @@ def expert_ffn_and_scatter_s(stream, platform) -> tuple[float, float]:
 def stream_events(stream, platform) -> list:
     """The stream as scheduled timeline Events (names and dependencies as the engine records them), for the
     per-op views (the explorer's timeline panel): priced on `platform`, placed by `timeline.schedule`."""
-    from npumoe_lab.execution.ops import OP_KINDS
-    from npumoe_lab.execution.timeline import Event, schedule
     c = stream.cols
     d = price_stream(platform_params(platform), stream)[0]
     names = {"expert_group": None, "experts_dynamic": None, "experts_hf": "experts"}
@@ -187,5 +201,5 @@ def stream_events(stream, platform) -> list:
     return schedule(events, platform.npu_shares_cpu)
 
 
-__all__ = ["stream_events", "stream_metrics", "summarize_stream", "interval_columns", "expert_ffn_and_scatter_s",
+__all__ = ["stream_events", "ops_draw_metrics", "mean_interval", "stream_metrics", "summarize_stream", "interval_columns", "expert_ffn_and_scatter_s",
            "parameter_draws", "INTERVAL_METRICS"]

@@ -60,5 +60,5 @@ def replay_prefill(geometry: ModelGeometry, executor: PlanExecutor | None, confi
     out = []
     for cfg in (config, *also_on):
         c = clock if cfg is config else clock.repriced(cfg.platform)
-        out.append(finish(PrefillResult(None, None, c.events, c.stats, 0.0), cfg, n_tokens=prompt_len))
+        out.append(finish(PrefillResult(None, None, c.events, c.stats, 0.0, ops=c.ops), cfg, n_tokens=prompt_len))
     return out

@@ -303,6 +303,34 @@ def build_stream(geometry, executor, counts: RoutingCounts, *, attention: str = 
     return stream
 
 
+def stream_from_ops(ops, n_tokens: int) -> OpStream | None:
+    """A recorded prefill's ops (a clock's (Op, deps, wall) records: a real run's or a replay's) as an OpStream, so a
+    modeled run is priced under parameter draws like a simulation. None when its dependencies are not the
+    engine's CHAIN / BRANCH / JOIN pattern (then no interval is claimed)."""
+    branch_kinds, rows, fork, branches = ("expert_group", "experts_dynamic"), [], None, []
+    for i, (op, deps, _) in enumerate(ops):
+        deps = tuple(deps)
+        if op.kind in branch_kinds:
+            dep, ok = BRANCH, fork is not None and deps == (fork,)
+            branches.append(i)
+        elif op.kind == "scatter":
+            dep, ok = JOIN, deps == (tuple(branches) or (fork,))
+            branches = []
+        else:
+            dep, ok = CHAIN, deps == ((i - 1,) if i else ())
+        if not ok:
+            return None
+        if dep != BRANCH:
+            fork = i
+        m, n, k = op.cost.gemm or (0, 0, 0)
+        rows.append((KIND[op.kind], _role(op.role), op.layer, op.chunk, op.cost.flops, op.cost.bytes, op.cost.calls,
+                     m, n, k, dep))
+    names = ("kind", "role", "layer", "chunk", "flops", "bytes", "calls", "gemm_m", "gemm_n", "gemm_k", "dep")
+    table = np.array(rows, dtype=np.float64).reshape(-1, len(names))
+    cols = {c: table[:, j].astype(np.float64 if c in _FLOAT else np.int64) for j, c in enumerate(names)}
+    return OpStream(cols, n_tokens=n_tokens)
+
+
 def _dynamic_columns(cols, s, loads, n_exp, H, I, db, layer, kind) -> None:
     """engine.dynamic_experts_cost on arrays: experts at their actual loads, one call each, each expert's weights
     streamed once."""
@@ -321,5 +349,5 @@ def _dynamic_columns(cols, s, loads, n_exp, H, I, db, layer, kind) -> None:
     cols["dep"][:, s] = BRANCH if kind == "experts_dynamic" else CHAIN
 
 
-__all__ = ["OpStream", "RoutingCounts", "routing_counts", "build_stream", "COLUMNS", "KIND", "NPU", "CPU",
+__all__ = ["OpStream", "RoutingCounts", "routing_counts", "build_stream", "stream_from_ops", "COLUMNS", "KIND", "NPU", "CPU",
            "CHAIN", "BRANCH", "JOIN"]

@@ -167,3 +167,31 @@ def test_stream_events_are_the_per_op_timeline():
             [(e.name, e.device, e.layer, e.chunk, e.deps) for e in ref]
         np.testing.assert_allclose([e.start_s for e in got], [e.start_s for e in ref], rtol=1e-9, atol=1e-15)
         np.testing.assert_allclose([e.duration_s for e in got], [e.duration_s for e in ref], rtol=1e-9, atol=1e-15)
+
+
+def test_a_recorded_op_list_prices_like_its_stream():
+    """stream_from_ops of the replay's own op records gives the same point metrics as the replay's summary."""
+    from npumoe_lab.sim.stream import stream_from_ops
+    _, _, geo = load_geometry("phi-tiny-moe")
+    specs, plat = list(geo.moe), get_platform("m2-max")
+    src = parse_routing("synthetic:gini=0.6", specs, 0)
+    routed = src.chunks(specs, 600, 256, 0)
+    for name in ("npumoe-spill", "reference"):
+        v = VARIANTS[name]
+        executor, _ = variant_executor(v, specs, src.calibration_profile(specs, 256, 0), plat, {})
+        res = replay_prefill(geo, executor, PrefillConfig(plat, 256, attention=v.attention), routed, 600)[0]
+        stream = stream_from_ops(res.ops, 600)
+        m = stream_metrics(stream, platform_params(plat), shared=False)
+        for key in ("ttft_s", "energy_per_token_mj", "cpu_cycles"):
+            assert math.isclose(m[key][0], res.summary[key], rel_tol=1e-9), (name, key)
+
+
+def test_run_rows_on_a_modeled_platform_carry_the_interval_of_the_samples_mean():
+    """run_experiment(draws=N): each modeled row's _lo/_hi = percentiles over draws of the samples' mean, from each
+    sample's own ops; the measured platform gets none."""
+    from npumoe_lab.experiments.runner import run_experiment
+    df = run_experiment(model="tiny", workload="lm-heldout", variants="npumoe", platforms="m2-max", prompt_len=256,
+                        chunk=128, n_samples=2, calib_tokens=1024, draws=60)
+    row = df.iloc[0]
+    assert row.interval_draws == 60 and row.interval_source == "prior"
+    assert row.ttft_s_lo < row.ttft_s_hi and row.cpu_cycles_lo < row.cpu_cycles_hi
