@@ -39,12 +39,18 @@ def tornado(res: pd.DataFrame, conclusion: str) -> Figure:
 
 
 def paper_check_figure(table: pd.DataFrame) -> Figure:
-    """Modeled / paper per quantity (log axis; 1 = agreement), unfitted platform values."""
+    """Modeled / paper per quantity (log axis; 1 = agreement), unfitted platform values; a line across each bar
+    for its 90 % interval when the table has one (paper_check with draws)."""
     t = table.dropna(subset=["ratio"]).iloc[::-1]
     fig = Figure(figsize=(8, 0.32 * len(t) + 1.4))
     ax = fig.add_subplot()
     y = np.arange(len(t))
     ax.barh(y, t["ratio"], color=["tab:green" if 0.8 <= r <= 1.25 else "tab:orange" for r in t["ratio"]])
+    if {"modeled_lo", "modeled_hi"} <= set(t.columns):      # the 90 % interval over the parameter draws
+        lo, hi = t["modeled_lo"] / t["paper"], t["modeled_hi"] / t["paper"]
+        ok = np.isfinite(lo) & np.isfinite(hi) & (lo > 0)
+        ax.hlines(y[ok], lo[ok], hi[ok], color="0.15", lw=1.2, label="90 % interval (parameter draws)")
+        ax.legend(fontsize=7, loc="lower right")
     ax.axvline(1.0, color="black", lw=1)
     ax.set_xscale("log")
     ax.set_yticks(y, t["quantity"], fontsize=7)
