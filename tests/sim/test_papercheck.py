@@ -81,3 +81,15 @@ def test_paper_check_intervals_recompute_each_quantity_per_draw():
     assert q.at[name, "modeled_hi"] == pytest.approx(np.percentile(lowest, 95), rel=1e-9)
     assert q.at[name, "p_within_25pct"] == pytest.approx(np.mean((lowest / 1.32 >= 0.8) & (lowest / 1.32 <= 1.25)))
     assert (table.modeled_lo <= table.modeled_hi).all()
+
+
+def test_sensitivity_probability_a_conclusion_holds_is_the_share_of_draws():
+    from npumoe_lab.sim.run import iter_simulation
+    res = run_sensitivity(SMALL["geometry"], "m2-max", prompt_len=SMALL["prompt_len"], chunk=SMALL["chunk"], draws=50)
+    base = res[res.case == "baseline"].set_index("conclusion")
+    runs = [(row, r) for row, r in iter_simulation(SMALL["geometry"], "synthetic:gini=0.6", "m2-max", "cpu-only,npumoe",
+                                                   SMALL["prompt_len"], SMALL["chunk"], draws=50)]
+    t = {row["variant"]: r.draws["ttft_s"] for row, r in runs}
+    expect = np.mean(t["cpu-only"] / t["npumoe"] > 1)
+    assert base.at["npumoe faster than cpu-only", "p_holds"] == pytest.approx(expect)
+    assert res[res.case != "baseline"].p_holds.isna().all()
