@@ -39,10 +39,20 @@ def cpu_line() -> str:
     return f"# host: {host_description()}; CPU: {cpu_model()}; flags: {cpu_flags()}; torch threads: 1"
 
 
+def cold() -> None:
+    """Forget what a process keeps between simulations (routing sources with their calibration draws and
+    profiles, plan parts, layouts, FFN estimates): every timed run starts cold."""
+    from npumoe_lab.planning.residency import _ffn_seconds
+    from npumoe_lab.sim.run import _cached_source, _dropless
+    for cache in (_cached_source, _dropless, _ffn_seconds):
+        cache.cache_clear()
+
+
 def timed(fn, repeats: int):
-    """(result of the last call, wall seconds, process CPU seconds), medians over the repeats."""
+    """(result of the last call, wall seconds, process CPU seconds), medians over the repeats, each run cold."""
     walls, cpus, out = [], [], None
     for _ in range(repeats):
+        cold()
         t0, c0 = time.perf_counter(), time.process_time()
         out = fn()
         walls.append(time.perf_counter() - t0)
