@@ -285,7 +285,8 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", **knobs) -> Plan
         layers.append({"layer": spec.layer, "n_experts": spec.n_experts, "top_k": spec.top_k, "hidden": spec.hidden,
                        "intermediate": spec.intermediate, "capacity": list(static["capacity"]),
                        "tier": list(static["tier"]), "tier_capacities": list(static["tier_capacities"]),
-                       "groups": [{**g, "experts": list(g["experts"])} for g in static["groups"]],
+                       # each plan's own group dicts (it sets "resident"); the expert lists are shared, read only
+                       "groups": [dict(g) for g in static["groups"]],
                        "expected_padding": static["expected_padding"],
                        "expected_drop_rate": static["expected_drop_rate"], "hot_threshold": thr, "notes": notes})
     flags = iter(fit_budget(all_groups, flags, npu_memory_budget_bytes))   # one budget over all layers

@@ -171,12 +171,12 @@ def _static_part(executor, layer: int, E: int):
     lay = executor.layout.layer(layer)
     static = [g for g in lay.groups if g.resident or executor.cold == "static"]
     cap, cold = np.zeros(E, np.int64), np.zeros(E, bool)
-    for g in static:
-        cap[list(g.experts)] = g.capacity
+    if static:
+        members = np.fromiter((e for g in static for e in g.experts), dtype=np.int64)
+        cap[members] = np.repeat([g.capacity for g in static], [len(g.experts) for g in static])
     if executor.cold == "dynamic":
-        for g in lay.groups:
-            if not g.resident:
-                cold[list(g.experts)] = True
+        off = [e for g in lay.groups if not g.resident for e in g.experts]
+        cold[off] = True
     return static, cap, cold, sum(len(g.experts) * g.capacity for g in static)
 
 
