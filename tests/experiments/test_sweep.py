@@ -154,7 +154,13 @@ def test_the_ten_thousand_plan_sweep_and_its_small_fixture(tmp_path):
     assert {"routing", "group_size", "tiers", "percentile", "residency"} <= set(big.grid)
     report = run_sweep(repo / "sweeps" / "simulate_small.yaml", tmp_path)
     assert len(report.done) == 4 and not report.failed
-    df = load_results(tmp_path)
+    dask = run_sweep(repo / "sweeps" / "simulate_small.yaml", tmp_path / "dask", executor="dask")   # unchanged
+    assert len(dask.done) == 4 and not dask.failed
+    df = load_results(tmp_path / "cells")
     assert len(df) == 4 * per_cell
     assert set(zip(df.group_size, df.n_tiers)) == {(4, 2), (4, 3), (8, 2), (8, 3)}
     assert df.groupby(["group_size", "n_tiers"]).size().eq(per_cell).all()
+    keys, values = ["group_size", "n_tiers", "platform", "chunk"], ["ttft_s", "energy_per_token_mj", "drop_rate"]
+    on_dask = load_results(tmp_path / "dask").sort_values(keys)
+    assert (on_dask[keys].to_numpy() == df.sort_values(keys)[keys].to_numpy()).all()
+    np.testing.assert_array_equal(on_dask[values].to_numpy(float), df.sort_values(keys)[values].to_numpy(float))
