@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)
 export NPUMOE_THREADS ?= 2
 
-.PHONY: setup test test-fast test-slow demo bench bench-rounds lock clean-venv notebooks
+.PHONY: setup test test-fast test-slow demo bench bench-rounds cpu-loop lock clean-venv notebooks
 
 setup: $(STAMP)
 
@@ -43,6 +43,11 @@ bench: setup
 ROUNDS ?= 5
 bench-rounds: setup
 	$(BIN)/python bench/rounds.py --rounds $(ROUNDS) $(ROUNDS_ARGS)
+
+# issue 26: measure -> fit-device -> held-out runs -> validate-device --runs on this CPU (<= 8 min on 2 quiet cores);
+# prints the README table (CPU model, flags). Run it on a QUIET host: busy rows are flagged and excluded.
+cpu-loop: setup
+	$(BIN)/python bench/cpu_loop.py --out results/cpu-loop --threads $(NPUMOE_THREADS) $(LOOP_ARGS)
 
 notebooks: setup
 	$(BIN)/jupytext --sync notebooks/*.py

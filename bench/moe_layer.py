@@ -149,8 +149,8 @@ def build_plan(per_chunk_counts, chunk, K, E, H, I, rule="optimal", percentile=N
     pct = percentile
     if pct is None:
         pct = next((p for p in PERCENTILES if expected_drop_rate(
-            assign_tiers(fit, chunk, K, E, n_tiers=3, percentile=p, rule=rule), held) <= drop_budget), 100)
-    ta = assign_tiers(counts, chunk, K, E, n_tiers=3, percentile=pct, rule=rule)
+            assign_tiers(fit, chunk, K, E, tiers=3, percentile=p, rule=rule), held) <= drop_budget), 100)
+    ta = assign_tiers(counts, chunk, K, E, tiers=3, percentile=pct, rule=rule)
     groups = make_groups(ta.tier, ta.capacity, counts.mean(1), group_size, hidden=H, intermediate=I)
     spec = SimpleNamespace(layer=layer, n_experts=E, top_k=K, hidden=H, intermediate=I)
     return ExecutionLayout.build([spec], {layer: [(g.experts, g.capacity, True) for g in groups]}), ta, pct

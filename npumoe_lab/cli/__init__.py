@@ -23,6 +23,9 @@ SUBCOMMANDS = {
     "graphs.convert": ["convert"],
     "studies.tune": ["tune"],
     "studies.adaptive": ["drift"],
+    "experiments.measure": ["measure"],
+    "devices.fit": ["fit-device"],
+    "experiments.validate_runs": ["validate-device"],
 }
 
 
@@ -40,11 +43,14 @@ SUMMARIES = {
     "sweep": "run a notebook over a parameter grid (papermill), resumably",
     "figures": "make every paper figure the results allow (PDF + PNG)",
     "convert": "build static NPU graphs (Core ML / ONNX) of a plan",
+    "fit-device": "fit a platform's free device parameters on its chip's micro-benchmark rows (data/measurements)",
+    "validate-device": "predict every measurement row with a platform; validation.csv, VALIDATION.md, a figure",
     "simulate": "paper-scale prefill from a model's geometry and routing statistics (no weights; times modeled)",
     "sensitivity": "rerun a simulation at every sourced alternative of the uncertain device parameters",
     "paper-check": "the device model against every number of the paper's results it can predict",
     "tune": "search plan knobs for a drop-rate or TTFT budget (Pareto front)",
     "drift": "calibrate on one domain, run another: the drift monitor and recalibration",
+    "measure": "micro-benchmark this machine's ops (cpu | onnxruntime | coreml) into measurement rows",
 }
 
 

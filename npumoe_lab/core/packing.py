@@ -18,12 +18,12 @@ from npumoe_lab.models.weights import ExpertWeights
 
 @dataclass(frozen=True)
 class GroupSlice:
-    """One static graph: experts (in buffer order) sharing capacity C, rows [start, start + G*C)."""
+    """One static graph placed in the buffer: experts (in buffer order) sharing capacity C, rows [start, start+G*C)."""
     experts: tuple[int, ...]
     capacity: int
     start: int
-    resident: bool = True      # NPU (True) or CPU (False)
-    group_id: int = -1
+    resident: bool             # NPU (True) or CPU (False)
+    id: int                    # the plan group's id (the expert's id on the dropless path)
 
     @property
     def rows(self) -> int:
@@ -32,43 +32,37 @@ class GroupSlice:
 
 @dataclass(frozen=True)
 class Layout:
-    """Static buffer layout of one MoE layer: per-expert capacity and the groups that cover all experts."""
-    capacity: torch.Tensor          # [E] int64
+    """Static buffer layout of one MoE layer: per-expert capacity and the groups placed in buffer order."""
+    capacity: torch.Tensor          # [E] int64 (0: the expert has no static slots, e.g. a dynamic cold expert)
     offset: torch.Tensor            # [E] int64, first row of each expert's block
     groups: tuple[GroupSlice, ...]
     total_rows: int
 
     @staticmethod
     def from_groups(n_experts: int, groups) -> "Layout":
-        """groups: iterable of (experts, capacity, resident, group_id); must cover every expert once."""
-        capacity, offset = [0] * n_experts, [-1] * n_experts     # Python lists: one tensor each at the end
+        """Place typed groups (anything with `id, experts, capacity, resident`: `planning.layout.GroupLayout`, whose
+        layer checks that each expert is in exactly one group) one after another. Experts in none of `groups`
+        get capacity 0: they take no slot (the engine runs them elsewhere, e.g. cold experts at their load)."""
+        capacity, offset = [0] * n_experts, [0] * n_experts     # Python lists: one tensor each at the end
         out, row = [], 0
-        for experts, cap, resident, gid in groups:
-            if cap < 1:
-                raise NpuMoeError(f"group {gid} has capacity {cap}; capacities must be >= 1 (rebuild the plan with "
-                                  "min_capacity >= 1)")
-            for j, e in enumerate(experts):
-                if offset[e] >= 0:
-                    raise NpuMoeError(f"expert {e} appears in two groups of the layout")
-                offset[e] = row + j * cap
-                capacity[e] = cap
-            out.append(GroupSlice(tuple(int(e) for e in experts), int(cap), row, bool(resident), int(gid)))
-            row += len(experts) * cap
-        missing = [e for e, o in enumerate(offset) if o < 0]
-        if missing:
-            raise NpuMoeError(f"experts {missing} are in no group of the layout")
+        for g in groups:
+            for j, e in enumerate(g.experts):
+                offset[e] = row + j * g.capacity
+                capacity[e] = g.capacity
+            out.append(GroupSlice(tuple(int(e) for e in g.experts), int(g.capacity), row, bool(g.resident),
+                                  int(g.id)))
+            row += len(g.experts) * g.capacity
         capacity, offset = torch.tensor(capacity, dtype=torch.long), torch.tensor(offset, dtype=torch.long)
         return Layout(capacity, offset, tuple(out), row)
 
 
 def dropless_layout(load: torch.Tensor) -> Layout:
     """Capacity = actual load, one 'group' per expert that received tokens (the dynamic, dropless path)."""
-    groups = [((e,), int(c), True, e) for e, c in enumerate(load.tolist()) if c > 0]
     capacity = load.clone()
     offset = torch.zeros_like(load)
     offset[1:] = torch.cumsum(load, 0)[:-1]
-    return Layout(capacity, offset, tuple(GroupSlice((e,), c, int(offset[e]), True, gid)
-                                          for (e,), c, _, gid in groups), int(load.sum()))
+    return Layout(capacity, offset, tuple(GroupSlice((e,), c, int(offset[e]), True, e)
+                                          for e, c in enumerate(load.tolist()) if c > 0), int(load.sum()))
 
 
 @dataclass(frozen=True)

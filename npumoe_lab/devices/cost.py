@@ -6,6 +6,12 @@ Byte sizes: `dtype_bytes` is the activation (and default weight) element size; `
 is the stored weight element size, e.g. 1 for int8 weights dequantized on the NPU (only weights shrink then).
 `gemm` = (M, N, K) of the op's dominant GEMM, [M, K] x [K, N]: a device whose GEMM rate depends on the shape
 (the ANE's throughput_curve) rates the whole op at that GEMM's shape.
+Graph-level fields (read by the graph-level NPU structure, devices/graph_cost.py; the per-op roofline ignores them):
+`weight_bytes` = stored weight bytes the op streams (part of `bytes`), `rows` = rows (tokens) per GEMM of one call,
+`attn_flops` = the part of `flops` in activation x activation GEMMs (attention scores and weighted sums, which
+grow with context and run at their own rate), `lut_params` = weight elements stored palettized (LUT4/LUT6...),
+which the engine expands on the fly (the decompression floor). Fractional `weight_bytes` element sizes
+(0.5 = LUT4, 0.75 = LUT6) are allowed in the builders.
 """
 from __future__ import annotations
 
@@ -49,6 +55,10 @@ class OpCost:
     bytes: float
     calls: int = 1
     gemm: tuple[int, int, int] | None = None
+    weight_bytes: float | None = None   # stored weight bytes inside `bytes` (None: unknown / all activations)
+    rows: int | None = None             # rows per GEMM of one call (None: the gemm's M, else 1)
+    attn_flops: float = 0.0             # FLOPs of activation x activation GEMMs (attention), part of flops
+    lut_params: float = 0.0             # palettized weight elements expanded on the engine
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -57,6 +67,21 @@ class OpCost:
         object.__setattr__(self, "bytes", _check_amount(f"OpCost {self.name!r} bytes", self.bytes))
         _check_count(f"OpCost {self.name!r} calls", self.calls)
         object.__setattr__(self, "gemm", _check_gemm(self.name, self.gemm))
+        if self.weight_bytes is not None:
+            object.__setattr__(self, "weight_bytes", _check_amount(f"OpCost {self.name!r} weight_bytes",
+                                                                   self.weight_bytes))
+        if self.rows is not None:
+            _check_count(f"OpCost {self.name!r} rows", self.rows)
+        object.__setattr__(self, "attn_flops", _check_amount(f"OpCost {self.name!r} attn_flops", self.attn_flops))
+        object.__setattr__(self, "lut_params", _check_amount(f"OpCost {self.name!r} lut_params", self.lut_params))
+        if self.attn_flops > self.flops * (1 + 1e-12):
+            raise NpuMoeError(f"OpCost {self.name!r}: attn_flops {self.attn_flops:g} exceeds flops {self.flops:g}; "
+                              "attention FLOPs are part of the op's FLOPs")
+
+    @property
+    def gemm_rows(self) -> int:
+        """Rows per GEMM of one call: `rows`, else the dominant GEMM's M, else 1."""
+        return self.rows if self.rows is not None else (self.gemm[0] if self.gemm else 1)
 
     @property
     def intensity(self) -> float:
@@ -69,12 +94,21 @@ class OpCost:
         if not ops:
             raise NpuMoeError(f"OpCost.combine({name!r}) got no ops; pass at least one OpCost")
         top = max(ops, key=lambda o: o.flops)
+        wb = None if any(o.weight_bytes is None for o in ops) else sum(o.weight_bytes for o in ops)
         return OpCost(name, sum(o.flops for o in ops), sum(o.bytes for o in ops), sum(o.calls for o in ops),
-                      top.gemm)
+                      top.gemm, weight_bytes=wb, rows=top.rows, attn_flops=sum(o.attn_flops for o in ops),
+                      lut_params=sum(o.lut_params for o in ops))
 
 
-def _weight_size(weight_bytes, dtype_bytes: int) -> int:
-    return dtype_bytes if weight_bytes is None else _check_count("weight_bytes", weight_bytes)
+def _weight_size(weight_bytes, dtype_bytes: int) -> float:
+    """Stored bytes per weight element: the activation size, or a positive size (fractional for LUT formats)."""
+    if weight_bytes is None:
+        return dtype_bytes
+    if isinstance(weight_bytes, bool) or not isinstance(weight_bytes, (int, float)) or not weight_bytes > 0 \
+            or not math.isfinite(weight_bytes):
+        raise NpuMoeError(f"weight_bytes must be a positive number of bytes per weight (2 fp16, 1 int8, 0.5 LUT4), "
+                          f"got {weight_bytes!r}")
+    return weight_bytes
 
 
 def expert_ffn_cost(n_experts_in_graph: int, capacity: int, hidden: int, intermediate: int,
@@ -93,7 +127,7 @@ def expert_ffn_cost(n_experts_in_graph: int, capacity: int, hidden: int, interme
     wb = _weight_size(weight_bytes, db)
     flops = 6.0 * g * c * h * i
     nbytes = 3.0 * g * h * i * wb + 2.0 * g * c * h * db
-    return OpCost(name, flops, nbytes, calls, (c, i, h))
+    return OpCost(name, flops, nbytes, calls, (c, i, h), weight_bytes=3.0 * g * h * i * wb, rows=c)
 
 
 def attention_cost(chunk: int, past: int, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int,
@@ -114,9 +148,11 @@ def attention_cost(chunk: int, past: int, hidden: int, n_heads: int, n_kv_heads:
         raise NpuMoeError(f"n_heads={nh} is not a multiple of n_kv_heads={nkv}; pass the model's GQA head counts")
     q_dim, kv_dim, keys = nh * hd, nkv * hd, p + t
     proj_weights = h * q_dim + 2 * h * kv_dim + q_dim * h
-    flops = 2.0 * t * proj_weights + 2 * (2.0 * nh * t * keys * hd)
+    attn = 2 * (2.0 * nh * t * keys * hd)
+    flops = 2.0 * t * proj_weights + attn
     nbytes = proj_weights * float(wb) + (2 * t * h + 2 * keys * kv_dim + 2 * t * kv_dim) * float(db)
-    return OpCost(name, flops, nbytes, 1, (t, q_dim, h))
+    return OpCost(name, flops, nbytes, 1, (t, q_dim, h), weight_bytes=proj_weights * float(wb), rows=t,
+                  attn_flops=attn)
 
 
 def dense_cost(rows: int, in_features: int, out_features: int, dtype_bytes: int = 2,
@@ -124,9 +160,10 @@ def dense_cost(rows: int, in_features: int, out_features: int, dtype_bytes: int 
     """y[rows, out] = x[rows, in] @ W[in, out] (router, shared experts, lm head); gemm = (rows, out, in)."""
     r, k, n, db = _counts(rows=rows, in_features=in_features, out_features=out_features, dtype_bytes=dtype_bytes)
     wb = _weight_size(weight_bytes, db)
-    return OpCost(name, 2.0 * r * k * n, k * n * float(wb) + (r * k + r * n) * float(db), 1, (r, n, k))
+    return OpCost(name, 2.0 * r * k * n, k * n * float(wb) + (r * k + r * n) * float(db), 1, (r, n, k),
+                  weight_bytes=k * n * float(wb), rows=r)
 
 
 def memory_cost(nbytes: float, name: str, calls: int = 1) -> OpCost:
     """A bandwidth-bound op (pack, scatter, gather): no arithmetic, `nbytes` moved."""
-    return OpCost(name, 0.0, nbytes, calls)
+    return OpCost(name, 0.0, nbytes, calls, weight_bytes=0.0)

@@ -8,19 +8,29 @@ runs time it for real, and its model numbers come from the host profile (hostpro
 `throughput_curve` (optional, either role) is the measured GEMM rate by size: a list of [size, FLOP/s] points of
 square GEMMs. An op with a GEMM shape (OpCost.gemm = M, N, K) is rated at its effective size
 (M*N*K)**(1/3), interpolated log-log between points and clamped at the ends (`DeviceModel.gemm_rate`).
+
+Two NPU cost structures: `npu.graph_model` 0 = the per-op roofline above (the shipped default of the sourced
+platforms, so their old numbers reproduce), 1 = graph-level (graph_cost.py: utilisation rising with work per call,
+stored weight bytes per format, a decompression floor, an attention term); select it with the override
+`npu_graph_model=graph`. Optional top-level keys: `chip` (the measurement rows' chip, data/measurements),
+`fit` (free parameters and their bounds for `fit-device`), `posterior` (draws written by `fit-device`).
+A platform is named by `resolve_platform(spec)`: a name, a YAML path, either with overrides in brackets,
+e.g. "m2-max[npu_dispatch_s=4e-4; npu_graph_model=graph]" (`;` or `,` between overrides).
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.utils import sha256_json
+from npumoe_lab.devices.graph_cost import GRAPH_PARAMS, PATH_PARAMS, graph_time
 
 PLATFORM_DIR = Path(__file__).resolve().parent / "platforms"
 KINDS = ("modeled", "measured")
@@ -71,6 +81,19 @@ class DeviceModel:
     throughput_curve: tuple | None = None   # ((size, FLOP/s), ...) square-GEMM rates, sizes increasing
     weight_bytes: int | None = None  # stored weight element size on this role (None: the activation size)
     host_cores: float = 0.0          # npu: CPU cores busy per call through its dispatch + sync
+    graph_model: bool = False        # npu: graph-level cost structure (graph_cost.py) instead of the per-op roofline
+    graph_peak_flops: float | None = None     # graph-level: peak rate a large fused graph reaches
+    work_half_flops: float = 0.0     # graph-level: matmul FLOPs per call at which utilisation is half
+    rows_half: float = 0.0           # graph-level: rows per GEMM at which utilisation is half
+    attention_flops: float | None = None      # graph-level: rate of activation x activation (attention) GEMMs
+    decompress_params_s: float | None = None  # graph-level: palettized weight elements expanded per second
+    clusters: float = 1.0            # graph-level: ANE clusters serving one model (Ultra direct path: 2)
+    sram_bytes: float = 1e12         # graph-level: on-chip SRAM a GEMM's weight tile spills past (1e12: none)
+    spill_factor: float = 1.0        # graph-level: rate fraction of a spilled GEMM (1: no spill)
+    direct_dispatch_s: float | None = None        # npu: per-call cost through the direct (private) path
+    direct_bandwidth_bytes_s: float | None = None  # npu: weight-streaming rate through the direct path
+    direct_rows_half: float | None = None  # npu: rows_half of the direct path (GEMV tiling differs from Core ML)
+    floor_power_w: float | None = None  # npu: power at ~0 utilisation (power rows: floor + (active-floor) x util)
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -84,10 +107,40 @@ class DeviceModel:
         for f in ("active_power_w", "idle_power_w", "dispatch_s", "sync_s", "op_overhead_s", "host_cores"):
             if not _number(getattr(self, f)) or getattr(self, f) < 0:
                 raise NpuMoeError(f"{self.role} {f} must be a number >= 0, got {getattr(self, f)!r}")
-        for f in ("graph_limit_bytes", "max_dim", "freq_hz", "cores", "weight_bytes"):
+        for f in ("graph_limit_bytes", "max_dim", "freq_hz", "cores", "weight_bytes", "graph_peak_flops",
+                  "attention_flops", "decompress_params_s", "sram_bytes", "direct_dispatch_s",
+                  "direct_bandwidth_bytes_s", "floor_power_w", "direct_rows_half"):
             v = getattr(self, f)
             if v is not None and (not _number(v) or v <= 0):
                 raise NpuMoeError(f"{self.role} {f} must be a positive number or None, got {v!r}")
+        for f in ("work_half_flops", "rows_half"):
+            if not _number(getattr(self, f)) or getattr(self, f) < 0:
+                raise NpuMoeError(f"{self.role} {f} must be a number >= 0, got {getattr(self, f)!r}")
+        if not _number(self.clusters) or self.clusters < 1:
+            raise NpuMoeError(f"{self.role} clusters must be a number >= 1, got {self.clusters!r}")
+        if not _number(self.spill_factor) or not 0 < self.spill_factor <= 1:
+            raise NpuMoeError(f"{self.role} spill_factor must be in (0, 1], got {self.spill_factor!r}")
+        if self.graph_model:
+            missing = [f for f in ("graph_peak_flops", "attention_flops", "decompress_params_s")
+                       if getattr(self, f) is None]
+            if missing:
+                raise NpuMoeError(f"{self.role}: the graph-level structure needs {', '.join(missing)}; add them to "
+                                  "the platform YAML (see m2-max.yaml) or leave graph_model at 0")
+
+    def for_path(self, path: str) -> "DeviceModel":
+        """This role as a measurement through `path` sees it: the direct path's own dispatch (no separate sync),
+        bandwidth and rows_half where given; every other path (coreml, onnxruntime, torch...) as is."""
+        if path != "direct" or all(v is None for v in (self.direct_dispatch_s, self.direct_bandwidth_bytes_s,
+                                                        self.direct_rows_half)):
+            return self
+        changes = {}
+        if self.direct_dispatch_s is not None:
+            changes.update(dispatch_s=self.direct_dispatch_s, sync_s=0.0, op_overhead_s=0.0)
+        if self.direct_bandwidth_bytes_s is not None:
+            changes.update(bandwidth_bytes_s=self.direct_bandwidth_bytes_s)
+        if self.direct_rows_half is not None:
+            changes.update(rows_half=self.direct_rows_half)
+        return dataclasses.replace(self, **changes)
 
     @property
     def call_overhead_s(self) -> float:
@@ -118,7 +171,10 @@ class DeviceModel:
         raise AssertionError("unreachable: size within the curve's range")
 
     def estimate(self, op) -> float:
-        """Modeled seconds for `op` (an OpCost): fixed cost per call plus the roofline bound."""
+        """Modeled seconds for `op` (an OpCost): fixed cost per call plus the roofline bound; with `graph_model`,
+        the graph-level cost of graph_cost.py."""
+        if self.graph_model:
+            return graph_time(self, op)
         rate = self.gemm_rate(getattr(op, "gemm", None))
         return op.calls * self.call_overhead_s + max(op.flops / rate, op.bytes / self.bandwidth_bytes_s)
 
@@ -144,6 +200,11 @@ class Platform:
     npu_shares_cpu: bool
     params: dict
     hash: str
+    chip: str = ""                   # the measurement rows' chip (data/measurements); the name when not given
+    fit: tuple = ()                  # free parameters for fit-device: ({param, low, high}, ...)
+    posterior: dict | None = None    # fit-device's posterior: {params: [...], draws: [[...], ...], sigma_log: [...]}
+    source: str = ""                 # the name or path it was loaded from
+    overrides: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -166,13 +227,76 @@ def list_platforms() -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def _read_yaml(name: str) -> dict:
-    path = PLATFORM_DIR / f"{name}.yaml"
     if not isinstance(name, str) or name not in list_platforms():
-        raise NpuMoeError(f"unknown platform {name!r}; valid platforms: {', '.join(list_platforms())}")
-    with open(path) as f:
-        raw = yaml.safe_load(f)
+        raise NpuMoeError(f"unknown platform {name!r}; valid platforms: {', '.join(list_platforms())} "
+                          "(or a platform YAML path)")
+    return _read_path(PLATFORM_DIR / f"{name}.yaml")
+
+
+def _read_path(path: Path) -> dict:
+    """The validated raw YAML of a platform file; parsed once per (path, modification time): a fit's posterior
+    draws make the file large, and sensitivity loads it with hundreds of overrides. Callers deep-copy it."""
+    try:
+        stamp = Path(path).stat().st_mtime_ns
+    except OSError as exc:
+        raise NpuMoeError(f"{path}: cannot read the platform file ({exc.strerror})") from None
+    return _read_path_cached(str(path), stamp)
+
+
+@functools.lru_cache(maxsize=64)
+def _read_path_cached(name: str, stamp: int) -> dict:
+    path = Path(name)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        with open(path) as f:
+            raw = yaml.load(f, Loader=loader)  # noqa: S506 - a safe loader (the C one where built)
+    except yaml.YAMLError as exc:
+        raise NpuMoeError(f"{path}: not valid YAML ({str(exc).splitlines()[0]}); fix the file") from None
+    except OSError as exc:
+        raise NpuMoeError(f"{path}: cannot read the platform file ({exc.strerror})") from None
     _validate(raw, path)
     return raw
+
+
+def _parse_value(text: str):
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def parse_platform_spec(spec: str) -> tuple[str, dict]:
+    """"name", "path.yaml", "name[k=v; k2=v2]" -> (name or path, {knob: number or alternative name})."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise NpuMoeError(f"platform spec must be a name or a YAML path, got {spec!r}")
+    spec = spec.strip()
+    base, bracket, rest = spec.partition("[")
+    overrides = {}
+    if bracket:
+        if not rest.endswith("]") or "[" in rest[:-1] or "]" in rest[:-1]:
+            raise NpuMoeError(f"platform spec {spec!r} does not parse: write NAME[knob=value; knob=value]")
+        for item in filter(None, (x.strip() for x in rest[:-1].replace(";", ",").split(","))):
+            knob, eq, value = (x.strip() for x in item.partition("="))
+            if not eq or not knob or not value:
+                raise NpuMoeError(f"platform spec {spec!r}: override {item!r} does not parse; write knob=value "
+                                  "(e.g. npu_dispatch_s=4e-4 or npu_graph_model=graph)")
+            overrides[knob] = _parse_value(value)
+    if not base.strip():
+        raise NpuMoeError(f"platform spec {spec!r} names no platform before its overrides")
+    return base.strip(), overrides
+
+
+def _is_path(base: str) -> bool:
+    return base.endswith((".yaml", ".yml")) or "/" in base
+
+
+def resolve_platform(spec, **overrides) -> Platform:
+    """A platform from a spec: a bundled name, a YAML path (a fitted platform), either with [overrides];
+    keyword overrides are applied after the spec's own."""
+    if isinstance(spec, Platform):
+        return spec if not overrides else get_platform(spec.source, **{**spec.overrides, **overrides})
+    base, spec_overrides = parse_platform_spec(spec)
+    return get_platform(base, **{**spec_overrides, **overrides})
 
 
 def _validate(raw, path: Path) -> None:
@@ -183,6 +307,9 @@ def _validate(raw, path: Path) -> None:
             raise NpuMoeError(f"{path}: missing top-level key {key!r}; add it (see m2-max.yaml)")
     if raw["name"] != path.stem:
         raise NpuMoeError(f"{path}: name {raw['name']!r} differs from the file name; make them equal")
+    if "chip" in raw and not (isinstance(raw["chip"], str) and raw["chip"]):
+        raise NpuMoeError(f"{path}: chip must be a chip name as in data/measurements (e.g. m2-max)")
+    _validate_fit(raw.get("fit"), path, raw)
     if raw["kind"] not in KINDS or not isinstance(raw["npu_shares_cpu"], bool):
         raise NpuMoeError(f"{path}: kind must be one of {KINDS} and npu_shares_cpu a boolean")
     for role, keys in REQUIRED.items():
@@ -211,6 +338,25 @@ def _validate(raw, path: Path) -> None:
             for alt, v in entry.get("alternatives", {}).items():
                 if not _number(v) or v < 0:
                     raise NpuMoeError(f"{where}: alternative {alt!r} = {v!r} is not a number >= 0")
+
+
+def _validate_fit(fit, path, raw) -> None:
+    """`fit:` = [{param: npu_dispatch_s, low: .., high: ..}, ...]: free parameters (log-uniform priors)."""
+    if fit is None:
+        return
+    if not isinstance(fit, list) or not fit:
+        raise NpuMoeError(f"{path}: fit must be a non-empty list of {{param, low, high}}")
+    for item in fit:
+        if not isinstance(item, dict) or set(item) - {"param", "low", "high", "note"} or \
+                not {"param", "low", "high"} <= set(item):
+            raise NpuMoeError(f"{path}: fit entry {item!r} must have param, low, high (and optionally note)")
+        role, _, key = str(item["param"]).partition("_")
+        if role not in ROLES or key not in raw[role]:
+            raise NpuMoeError(f"{path}: fit param {item['param']!r} is not a parameter of this platform "
+                              "(write role_key, e.g. npu_dispatch_s)")
+        lo, hi = item["low"], item["high"]
+        if not (_number(lo) and _number(hi) and 0 < lo < hi):
+            raise NpuMoeError(f"{path}: fit param {item['param']!r} needs 0 < low < high, got {lo!r}, {hi!r}")
 
 
 def _apply_override(params: dict, knob: str, value) -> None:
@@ -262,17 +408,30 @@ def _device(role: str, kind: str, p: dict) -> DeviceModel:
     if wb is not None and (wb != int(wb) or wb < 1):
         raise NpuMoeError(f"{role}.weight_bytes must be a whole number of bytes >= 1 (2 = fp16, 1 = int8), got {wb!r}")
     if role == "npu":
+        graph = {k: float(v[k]) for k in GRAPH_PARAMS + PATH_PARAMS + ("floor_power_w",) if v.get(k) is not None}
         return DeviceModel(**common, active_power_w=v["active_power_w"], dispatch_s=v["dispatch_s"],
                            sync_s=v["sync_s"], graph_limit_bytes=v["graph_limit_bytes"], max_dim=int(v["max_dim"]),
-                           host_cores=float(v["host_cores"]))
+                           host_cores=float(v["host_cores"]), graph_model=bool(v.get("graph_model", 0)), **graph)
     cores = int(v["cores"])
     return DeviceModel(**common, active_power_w=v["power_per_core_w"] * cores, op_overhead_s=v["op_overhead_s"],
                        freq_hz=v["freq_hz"], cores=cores)
 
 
 def get_platform(name: str, **overrides) -> Platform:
-    """Load platform `name`; overrides like npu_dispatch_s=2e-4 or npu_throughput_flops="fused_block"."""
-    raw = copy.deepcopy(_read_yaml(name))
+    """Load platform `name` (a bundled name, a platform YAML path, or a spec with [overrides], see
+    resolve_platform); overrides like npu_dispatch_s=2e-4 or npu_throughput_flops="fused_block"."""
+    if isinstance(name, str) and "[" in name:
+        return resolve_platform(name, **overrides)
+    source = str(name)
+    if isinstance(name, Path) or (isinstance(name, str) and _is_path(name)):
+        path = Path(name)
+        if not path.is_file():
+            raise NpuMoeError(f"platform file {str(path)!r} does not exist; pass a platform YAML (e.g. one written "
+                              f"by fit-device) or one of {', '.join(list_platforms())}")
+        raw = copy.deepcopy(_read_path(path))
+    else:
+        raw = copy.deepcopy(_read_yaml(name))
+    name = raw["name"]
     params = {role: raw[role] for role in ROLES}
     if any("from_host_profile" in e for r in ROLES for e in params[r].values()):
         from npumoe_lab.devices.hostprofile import fill_host_params   # lazy: measures or reads this host only for the cpu platform
@@ -286,7 +445,18 @@ def get_platform(name: str, **overrides) -> Platform:
                     npu=_device("npu", raw["kind"], params["npu"]), cpu=_device("cpu", raw["kind"], params["cpu"]),
                     npu_shares_cpu=raw["npu_shares_cpu"], params={**header, **params,
                                                                   "assumptions": raw.get("assumptions", [])},
-                    hash=digest)
+                    hash=digest, chip=raw.get("chip", name), fit=tuple(raw.get("fit") or ()),
+                    posterior=raw.get("posterior"), source=source, overrides=dict(overrides))
+
+
+def as_platform(platform, **overrides) -> Platform | None:
+    """The one place a platform given by name (a CLI flag, an API argument, a plan's JSON) becomes the `Platform`
+    the rest of the workbench passes along; `overrides` apply to a name (get_platform). A Platform is returned as
+    it is (anything else not a name too: tests hand in stand-ins), None stays None (no device: no limits, no cost
+    model)."""
+    if not isinstance(platform, str):
+        return platform
+    return get_platform(platform, **overrides)
 
 
 def format_platforms() -> str:

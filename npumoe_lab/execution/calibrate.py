@@ -24,7 +24,7 @@ from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.planning.profile import CalibrationProfile
 from npumoe_lab.models import describe, load_model, model_fingerprint
 from npumoe_lab.execution.routing import RoutingRecorder
-from npumoe_lab.execution.runtime import chunked_prefill
+from npumoe_lab.execution.runtime import check_chunk, chunked_prefill
 from npumoe_lab.workloads.texts import DOMAINS, bundled_text
 from npumoe_lab.utils import cache_dir, progress, provenance
 from npumoe_lab.workloads import get_workload, list_workloads
@@ -151,8 +151,7 @@ def calibrate(model, tokenizer, workload: str = "mixed", chunk: int = 512, token
               out=None, text=None) -> CalibrationProfile:
     """Calibration profile of `model` over `tokens` tokens of `workload` (a workload name, a domain name, or
     "mixed" = all bundled calib texts), in prefill chunks of `chunk`; saved to `out` when given."""
-    if not isinstance(chunk, int) or chunk < 1:
-        raise NpuMoeError(f"chunk must be an int >= 1, got {chunk!r}")
+    check_chunk(chunk)
     ctx = model_context(model, tokenizer)
     if ctx is not None and chunk > ctx:
         raise NpuMoeError(f"chunk {chunk} is larger than the model context of {ctx} tokens; use chunk <= {ctx}")

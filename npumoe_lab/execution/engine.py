@@ -24,7 +24,7 @@ from npumoe_lab.core.numerics import select as select_npu
 from npumoe_lab.execution.ops import ChunkContext, Op, current_chunk
 from npumoe_lab.core.packing import (Layout, Workspace, group_ffn, group_ffn_into, pack,
                       plan_dispatch, run_groups, scatter)
-from npumoe_lab.core.saliency import SALIENCY_RULES, saliency_scores
+from npumoe_lab.core.saliency import check_rule, saliency_scores
 from npumoe_lab.core.weight_cache import prepared
 
 COLD_MODES = ("dynamic", "static")
@@ -80,10 +80,7 @@ class PlanExecutor:
         if self.pad_rows not in PAD_MODES:
             raise NpuMoeError(f"pad_rows={self.pad_rows!r} is not a padding mode; use one of {PAD_MODES}")
         self.layout = as_layout(self.plan)
-        rule = self.saliency or self.layout.saliency
-        if rule not in SALIENCY_RULES:
-            raise NpuMoeError(f"unknown saliency rule {rule!r}; valid rules: {', '.join(SALIENCY_RULES)}")
-        self.saliency = rule
+        self.saliency = check_rule(self.saliency or self.layout.saliency)
         if self.renormalize is None:
             self.renormalize = self.layout.renormalize
         for h in self.handles:
@@ -107,13 +104,12 @@ class PlanExecutor:
         if layer not in self._static:
             lay = self.layout.layer(layer)
             cold = torch.zeros(lay.n_experts, dtype=torch.bool)
-            groups = []
             for g in lay.groups:
                 if not g.resident:
                     cold[list(g.experts)] = True
-                if g.resident or self.cold == "static":
-                    groups.append((g.experts, g.capacity, g.resident, g.id))
-            self._static[layer] = (_layout_with_gaps(lay.n_experts, groups), cold)
+            # the layout's own groups, placed as they are; dynamic cold experts get no static slot
+            static = [g for g in lay.groups if g.resident or self.cold == "static"]
+            self._static[layer] = (Layout.from_groups(lay.n_experts, static), cold)
         return self._static[layer]
 
     def _compiled(self, handle):
@@ -124,7 +120,7 @@ class PlanExecutor:
             for gs in layout.groups:
                 # selected only where a group holds its own stacked copy (a non-contiguous selection is a copy)
                 if gs.resident and self.npu_backend is not None:
-                    w = self.npu_backend.compile(handle.layer, gs.group_id, gs.capacity,
+                    w = self.npu_backend.compile(handle.layer, gs.id, gs.capacity,
                                                  handle.weights.select(gs.experts).contiguous())
                 elif gs.resident and self.npu_dtype not in (None, wdtype):
                     # the NPU's own precision, one bmm per group on the layer's copy prepared once per model
@@ -242,7 +238,7 @@ class PlanExecutor:
         for j, gs in enumerate(layout.groups):
             G = len(gs.experts)
             role = "npu" if gs.resident else "cpu"
-            record = op(f"group{gs.group_id}", "expert_group", role,
+            record = op(f"group{gs.id}", "expert_group", role,
                         _group_cost(G, gs.capacity, H, I, b, ctx.weight_bytes(role)), (G, gs.capacity, H, I))
             fn, args = (self._group_call(handle, gs, gweights[j], packed, out, fill) if num else (None, ()))
             _, ev = clock.run(record, fn, *args, deps=(ev_pack,))
@@ -307,20 +303,6 @@ def dynamic_experts_cost(top_k_index, mask, hidden: int, intermediate: int, dtyp
     cost = expert_ffn_cost(1, max(1, loads), hidden, intermediate, dtype_bytes=dtype_bytes, calls=n_exp)
     return type(cost)(name="experts_dynamic", flops=cost.flops,
                       bytes=cost.bytes + (n_exp - 1) * 3 * hidden * intermediate * dtype_bytes, calls=n_exp)
-
-
-def _layout_with_gaps(n_experts, groups) -> Layout:
-    """Layout over the static groups; experts in no static group (dynamic cold ones) get capacity 0."""
-    covered = {e for experts, *_ in groups for e in experts}
-    gaps = [e for e in range(n_experts) if e not in covered]
-    layout = Layout.from_groups(n_experts, list(groups) + [((e,), 1, False, -1) for e in gaps])
-    if not gaps:
-        return layout
-    capacity = layout.capacity.clone()
-    capacity[gaps] = 0
-    kept = tuple(g for g in layout.groups if g.group_id != -1 or g.experts[0] not in gaps)
-    total = sum(g.rows for g in kept)
-    return Layout(capacity, layout.offset, kept, max(total, max((g.start + g.rows for g in kept), default=0)))
 
 
 def _masked(weights, mask):

@@ -105,7 +105,9 @@ class ModelGeometry:
             cost = dense_cost(1, self.hidden, self.vocab, dtype_bytes=ctx.dtype_bytes)
         else:
             cost = memory_cost(2 * self.hidden * ctx.dtype_bytes, "norms")
-        return Op("other", "other", "cpu", -1, ctx.index, cost)
+        # shape: what the chunk's rest is made of (a measured run records no cost for it; a fitted host model
+        # prices it from these: devices/cpu_model.py)
+        return Op("other", "other", "cpu", -1, ctx.index, cost, (ctx.length, self.n_layers, self.hidden, self.vocab))
 
 
 __all__ = ["ModelGeometry", "n_experts_of"]

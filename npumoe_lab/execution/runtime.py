@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from npumoe_lab.execution.clock import NullClock, TimelineClock
-from npumoe_lab.devices import get_platform
+from npumoe_lab.devices import as_platform
 from npumoe_lab.execution.engine import dynamic_experts_cost
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.geometry import ModelGeometry
@@ -35,31 +35,49 @@ def check_context(context: int | None, tokens: int, what: str = "the prompt") ->
                           f"{context} (a shorter --prompt-len or --chunk)")
 
 
+def check_chunk(chunk) -> int:
+    """The one check of a prefill chunk size (PrefillConfig runs it; so does anything that takes a chunk before it
+    makes its configs)."""
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise NpuMoeError(f"chunk must be an integer >= 1; got {chunk!r}")
+    return chunk
+
+
 @dataclass(frozen=True)
 class PrefillConfig:
-    """Where and how a prefill is timed, resolved once: the platform, measured or modeled, the NPU's precision."""
-    platform: object                       # devices.Platform
+    """Where and how a prefill runs and is timed, resolved once: the chunk, the platform (None: untimed), measured or
+    modeled, the NPU's precision. It travels whole: `chunked_prefill` and the replay make each chunk's context
+    from it (`chunk_context`)."""
+    platform: object                       # devices.Platform (a name is resolved here); None: an untimed prefill
     chunk: int
     attention: str = "npu"                 # role of attention and the dense parts ("npu" | "cpu")
     pad_token_id: int = 0
     dtype_bytes: int = 2                   # bytes per element on the modeled device (fp16)
 
     def __post_init__(self):
-        if isinstance(self.platform, str):
-            object.__setattr__(self, "platform", get_platform(self.platform))
-        if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
-            raise NpuMoeError(f"chunk must be an integer >= 1; got {self.chunk!r}")
+        object.__setattr__(self, "platform", as_platform(self.platform))
+        check_chunk(self.chunk)
         if self.attention not in ATTENTION_ROLES:
             raise NpuMoeError(f"attention={self.attention!r}: use one of {ATTENTION_ROLES}")
 
+    @staticmethod
+    def untimed(chunk: int, pad_token_id: int = 0) -> "PrefillConfig":
+        """A prefill with no clock (calibration, references, warm-up): only the chunking matters."""
+        return PrefillConfig(None, chunk, attention="cpu", pad_token_id=pad_token_id)
+
     @property
     def measured(self) -> bool:
-        return self.platform.kind == "measured"
+        return self.platform is not None and self.platform.kind == "measured"
 
     @property
     def npu_weight_bytes(self) -> int | None:
         """The platform's stored NPU weight size (npu weight_bytes, e.g. 1 for int8); None: the dtype's."""
-        return getattr(self.platform.npu, "weight_bytes", None)
+        return getattr(getattr(self.platform, "npu", None), "weight_bytes", None)
+
+    def chunk_context(self, index: int, n_real: int, clock, numerics: bool = True) -> ChunkContext:
+        """Chunk `index` of a prefill in this configuration (`n_real` real tokens, the rest padding)."""
+        return ChunkContext(index=index, past=index * self.chunk, n_real=n_real, length=self.chunk, clock=clock,
+                            numerics=numerics, dtype_bytes=self.dtype_bytes, npu_weight_bytes=self.npu_weight_bytes)
 
     @property
     def npu_dtype(self) -> torch.dtype | None:
@@ -155,30 +173,31 @@ def attached_layout(model):
 
 
 @torch.no_grad()
-def chunked_prefill(model, input_ids: torch.Tensor, chunk: int, clock=None, measure_hf_experts: bool = False,
-                    pad_token_id: int = 0, attention_role: str = "cpu", dtype_bytes: int = 2, on_chunk=None,
-                    keep_logits: bool = True, npu_weight_bytes: int | None = None) -> PrefillResult:
-    """Prefill `input_ids` [1, T] in static chunks of `chunk` tokens, padding the last chunk.
+def chunked_prefill(model, input_ids: torch.Tensor, config: PrefillConfig | int, clock=None,
+                    measure_hf_experts: bool = False, on_chunk=None, keep_logits: bool = True) -> PrefillResult:
+    """Prefill `input_ids` [1, T] in static chunks of `config.chunk` tokens, padding the last chunk (with
+    `config.pad_token_id`); `config` an int: an untimed prefill in chunks of that size (PrefillConfig.untimed).
 
     Padding tokens sit after every real token (so causal attention keeps real tokens' results exact), are
     masked out of expert capacity by the executor, and are cropped from the KV cache afterwards. `clock`: a
     TimelineClock (None: untimed). `on_chunk(index)` runs after each chunk (calibration reads its routing there).
     """
+    if not isinstance(config, PrefillConfig):
+        config = PrefillConfig.untimed(config)
+    chunk = config.chunk
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise NpuMoeError(f"prefill takes input_ids of shape [1, T]; got {tuple(input_ids.shape)}")
     T = input_ids.shape[1]
     if T == 0:
         raise NpuMoeError("the prompt is empty: give at least one token")
     check_context(getattr(model.config, "max_position_embeddings", None), T)
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise NpuMoeError(f"chunk must be an integer >= 1; got {chunk!r}")
     layout = attached_layout(model)
     if layout is not None:
         layout.check_chunk(chunk)
     timed = clock is not None
     clock = clock if timed else NullClock()
     geometry = ModelGeometry.from_config(model.config) if timed else None
-    hooks = _Hooks(model, geometry, clock, find_moe_blocks(model), measure_hf_experts, attention_role) \
+    hooks = _Hooks(model, geometry, clock, find_moe_blocks(model), measure_hf_experts, config.attention) \
         if timed else None
     device = next(model.parameters()).device
     cache, logits = DynamicCache(config=model.config), []
@@ -189,9 +208,8 @@ def chunked_prefill(model, input_ids: torch.Tensor, chunk: int, clock=None, meas
             n_real = ids.shape[1]
             pad = chunk - n_real                         # the static graphs take exactly `chunk` tokens
             if pad:
-                ids = torch.cat([ids, ids.new_full((1, pad), pad_token_id)], 1)
-            ctx = ChunkContext(index=c, past=s, n_real=n_real, length=chunk, clock=clock, dtype_bytes=dtype_bytes,
-                               npu_weight_bytes=npu_weight_bytes)
+                ids = torch.cat([ids, ids.new_full((1, pad), config.pad_token_id)], 1)
+            ctx = config.chunk_context(c, n_real, clock)
             if hooks is not None:
                 hooks.ctx = ctx
             n_events, t_chunk = len(getattr(clock, "events", ())), time.perf_counter()
@@ -239,11 +257,9 @@ def run_prefill(model, input_ids, config: PrefillConfig, measure_hf_experts: boo
     ids = torch.as_tensor(input_ids).reshape(1, -1)
     if measure_hf_experts is None:
         measure_hf_experts = getattr(model, "_npumoe", None) is None
-    res = chunked_prefill(model, ids, config.chunk, config.clock(), measure_hf_experts=measure_hf_experts,
-                          pad_token_id=config.pad_token_id, attention_role=config.attention,
-                          dtype_bytes=config.dtype_bytes, npu_weight_bytes=config.npu_weight_bytes)
+    res = chunked_prefill(model, ids, config, config.clock(), measure_hf_experts=measure_hf_experts)
     return finish(res, config, n_tokens=ids.shape[1])
 
 
-__all__ = ["PrefillConfig", "PrefillResult", "run_prefill", "chunked_prefill", "finish", "check_context",
+__all__ = ["PrefillConfig", "PrefillResult", "run_prefill", "chunked_prefill", "finish", "check_context", "check_chunk",
            "drop_pad_rates", "attached_layout"]

@@ -8,6 +8,7 @@ roles share one queue. `summarize` turns a scheduled timeline into the result-ro
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
 
@@ -122,6 +123,13 @@ CPU_TIME_X_CLOCK = "measured-cpu-time x modeled-clock"       # process CPU secon
 TIME_X_THREADS_X_CLOCK = "measured-time x threads x modeled-clock"  # wall seconds x torch threads x freq_hz
 
 
+# Result-row schema version and what `cpu_cycles` means in it (recorded in every summarized row, and in README):
+# version 2 = cycles are host core-seconds x cpu.freq_hz (cores x busy time, NPU dispatch + sync included); version 1
+# rows (no column) counted busy seconds x clock on one core.
+ROW_SCHEMA_VERSION = 2
+CYCLES_DEFINITION = "core-seconds x cpu.freq_hz (cores x busy s; NPU dispatch+sync included)"
+
+
 def cpu_work(event: Event, platform, threads: int | None = None) -> tuple[float, str | None]:
     """(core-seconds, source) of the host CPU's part of one event: the ONE definition behind cpu_cycles (x clock)
     and CPU energy (x watts per core).
@@ -213,6 +221,8 @@ def summarize(events, platform, n_tokens: int, measured_energy_j: float | None =
         "energy_source": energy_source,
         "energy_note": energy_note,
         "cycles_source": combined_source(src for _, src in work if src is not None),
+        "schema_version": ROW_SCHEMA_VERSION,
+        "cycles_definition": CYCLES_DEFINITION,
         "platform_profile": platform.name,
         "platform_hash": platform.hash,
     }
@@ -221,14 +231,23 @@ def summarize(events, platform, n_tokens: int, measured_energy_j: float | None =
     return out
 
 
-def to_frame(events) -> pd.DataFrame:
-    """One row per event (the per-op timeline file), with end_s and deps as a space-separated string."""
+def to_frame(events, ops=None) -> pd.DataFrame:
+    """One row per event (the per-op timeline file), with end_s and deps as a space-separated string. `ops`: the
+    clock's (Op, deps, wall) records of the same events (PrefillResult.ops), which add each op's `kind`, `shape`
+    and `gemm` (JSON lists): what a fitted model needs to re-price a measured run op by op (validate-device --runs)."""
     rows = []
+    ops = list(ops) if ops is not None else None
+    if ops is not None and len(ops) != len(events):
+        raise NpuMoeError(f"to_frame got {len(events)} events but {len(ops)} op records; pass the ops of the same run")
     for i, e in enumerate(events):
         row = asdict(e)
         row["deps"] = " ".join(map(str, e.deps))
         row["end_s"] = None if e.start_s is None else e.end_s
+        if ops is not None:
+            op = ops[i][0]
+            row.update(kind=op.kind, shape=json.dumps([int(x) for x in op.shape]),
+                       gemm=json.dumps(None if op.cost.gemm is None else [int(x) for x in op.cost.gemm]))
         rows.append({"event": i, **row})
     cols = ["event", "name", "chunk", "layer", "device", "start_s", "end_s", "duration_s", "flops", "bytes",
-            "calls", "timing_source", "cpu_s", "deps"]
+            "calls", "timing_source", "cpu_s", "deps"] + (["kind", "shape", "gemm"] if ops is not None else [])
     return pd.DataFrame(rows, columns=cols)

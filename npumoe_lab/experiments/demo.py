@@ -214,6 +214,8 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
     # lazy, as above: torch, transformers and the engine load while the kernel starts
     from npumoe_lab.core.cpu_features import resolve_dtype
     from npumoe_lab.models import load_model, model_fingerprint
+    from npumoe_lab.devices import as_platform
+    from npumoe_lab.planning.knobs import PlanKnobs
     from npumoe_lab.planning.plan import variant_plan
     from npumoe_lab.planning.variants import VARIANTS
     from npumoe_lab.execution.calibrate import calibration_profile
@@ -232,11 +234,12 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1) -> Path:
                                    p.get("seed", 0))
         prof.save(out / "profiles" / f"chunk{c}")
         (out / "profiles" / f"chunk{c}" / "summary.txt").write_text(prof.summary().to_string(index=False) + "\n")
+        knobs = PlanKnobs.given({k: p.get(k) for k in PLAN_KNOBS})
         for plat in [x.strip() for x in str(p.get("platforms", "cpu,m2-max")).split(",") if x.strip()]:
+            platform = as_platform(plat)
             for v in [v for v in VARIANTS.values() if v.experts == "plan"]:
                 # exactly the plan run_experiment builds for the sweep's cells (same function, same knobs)
-                knobs = {k: p[k] for k in PLAN_KNOBS if p.get(k) is not None}
-                plan = variant_plan(prof, v.name, model, platform=plat, **knobs)
+                plan = variant_plan(prof, v.name, model, platform, knobs)
                 plan.save(out / "plans" / f"{v.name}-{plat}-chunk{c}.json")
                 saved_plans[plan.hash] = f"{v.name}-{plat}-chunk{c}.json"
     _archive_stale_sweep(out / "sweep", model_fingerprint(model))

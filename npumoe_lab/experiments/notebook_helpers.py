@@ -86,6 +86,7 @@ def run_knob_sweep(model, knob: str, values, *, model_name: str | None = None, *
     `model`: a name/path or a loaded (model, tokenizer) tuple (loaded once and reused)."""
     # lazy: every notebook kernel imports these helpers; each loads only what it uses
     from npumoe_lab.experiments.runner import PLAN_KNOBS, run_experiment
+    from npumoe_lab.results.store import knob_columns
     if knob not in PLAN_KNOBS:
         raise NpuMoeError(f"{knob!r} is not a plan knob; sweep one of {', '.join(PLAN_KNOBS)}")
     values = list(values)
@@ -97,8 +98,7 @@ def run_knob_sweep(model, knob: str, values, *, model_name: str | None = None, *
     frames = []
     for v in values:
         df = run_experiment(model=model, model_name=model_name, **{knob: v}, **run_kwargs)
-        col = "n_tiers" if knob == "tiers" else knob   # the store's / plots' name for the number of tiers
-        frames.append(df.drop(columns=[knob], errors="ignore").assign(**{col: v}))
+        frames.append(df.drop(columns=[knob], errors="ignore").assign(**knob_columns({knob: v})))
     return pd.concat(frames, ignore_index=True)
 
 

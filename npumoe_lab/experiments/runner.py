@@ -7,16 +7,16 @@ against the `reference` variant (HF's own dropless experts) on the same samples.
 from __future__ import annotations
 
 import argparse
-import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from npumoe_lab.execution.calibrate import CalibrationProfile, calibrate, calibration_profile
+from npumoe_lab.execution.calibrate import calibration_profile
 from npumoe_lab.core.cpu_features import resolve_dtype, row_fields
-from npumoe_lab.devices import get_platform
+from npumoe_lab.devices import as_platform
 from npumoe_lab.devices.hostload import HostLoad, warn_if_busy
 from npumoe_lab.execution.drift import DriftMonitor
 from npumoe_lab.errors import NpuMoeError
@@ -27,7 +27,7 @@ from npumoe_lab.planning.layout import ExecutionLayout
 from npumoe_lab.results.metrics import ReferenceLogits, bootstrap_ci, logit_agreement
 from npumoe_lab.models import describe, load_model, model_fingerprint
 from npumoe_lab.planning.plan import Plan, variant_plan
-from npumoe_lab.execution.runtime import PrefillConfig, check_context, chunked_prefill, run_prefill
+from npumoe_lab.execution.runtime import PrefillConfig, check_chunk, check_context, chunked_prefill, run_prefill
 from npumoe_lab.sim.array_replay import mean_interval, ops_draw_metrics
 from npumoe_lab.sim.pricing import draws_source, parameter_draws
 from npumoe_lab.results.stats import change_statement, paired_exact
@@ -38,7 +38,7 @@ from npumoe_lab.workloads import get_workload
 from npumoe_lab.workloads.scoring import evaluate_sample
 from npumoe_lab.experiments import interleave
 from npumoe_lab.experiments.shared_numerics import Numerics, numerics_key, remodel
-from npumoe_lab.results.store import write_rows, write_timeline
+from npumoe_lab.results.store import knob_columns, write_rows, write_timeline
 
 MEASURED_REPEATS = 3   # default repeats of a measured platform (median and IQR need several); modeled: 1
 PLAN_KNOBS = PlanKnobs.names()      # every build_plan knob is a run knob (and a sweep key of the notebooks)
@@ -52,7 +52,7 @@ def check_model_dtype(model, dtype) -> None:
                           f"load_model(..., dtype={dtype!r}) or pass the model by name")
 
 
-def _attach_variant(model, variant, specs, profile, config: PrefillConfig, knobs, plan, npu_backend=None):
+def _attach_variant(model, variant, specs, profile, config: PrefillConfig, knobs: dict, plan, npu_backend=None):
     """Put the model in the variant's configuration; returns the plan used (or None)."""
     detach(model)
     if variant.experts == "hf":
@@ -64,10 +64,216 @@ def _attach_variant(model, variant, specs, profile, config: PrefillConfig, knobs
     if plan is not None and variant.name in ("npumoe", "npumoe-spill"):
         used = plan
     else:      # the variant's forced knobs over the given ones (plan.variant_plan: what `simulate` builds too)
-        used = variant_plan(profile, variant.name, model, platform=config.platform.name,
-                            **{k: v for k, v in knobs.items() if v is not None})
+        used = variant_plan(profile, variant.name, model, config.platform, knobs)
     attach(model, used, spill=variant.spill, npu_dtype=config.npu_dtype, npu_backend=npu_backend)
     return used
+
+
+@dataclass
+class _Variant:
+    """One variant made ready on one platform: its model configuration, plan, prefill config and numerics."""
+    variant: object                  # variants.Variant
+    snapshot: tuple                  # interleave.snapshot of the model in this configuration
+    plan: object                     # the Plan used, or None
+    config: PrefillConfig
+    monitor: object                  # DriftMonitor or None
+    key: tuple                       # shared_numerics.numerics_key
+    prior: list | None               # per sample Numerics of an equal-numerics run already done (to reuse)
+    per_rep: list = field(default_factory=list)    # per repeat: per sample summary dicts
+    per_draw: list = field(default_factory=list)   # per repeat: per sample metrics under the parameter draws
+    acc: list = field(default_factory=list)        # per sample: score, ref_score, nll, agreement
+    mine: list = field(default_factory=list)       # per sample Numerics of this run
+    load: HostLoad = field(default_factory=HostLoad)
+
+
+@dataclass
+class _Run:
+    """A run's inputs resolved once (objects, checked) and what its steps share."""
+    model: object
+    tok: object
+    name: str
+    variants: list                   # variants.Variant
+    platforms: list                  # devices.Platform
+    workload: object
+    samples: list
+    specs: list
+    fingerprint: str
+    numerics_fields: dict            # dtype, cpu_flags, cpu_model
+    pad_id: int
+    chunk: int
+    plan: object                     # a given Plan or None
+    knobs: dict                      # the plan knobs given (None values dropped for building plans)
+    prompt_len: int = 0
+    refs: list = field(default_factory=list)        # per sample (ReferenceLogits, reference score)
+    shared: dict = field(default_factory=dict)      # numerics key -> per sample Numerics
+    drawn: dict | None = None                       # this platform's parameter draws (modeled), or None
+
+    @staticmethod
+    def resolve(model, workload, variants, platforms, prompt_len, chunk, plan, repeats, n_samples, seed, model_name,
+                dtype, plan_knobs) -> "_Run":
+        """Step 1: every argument checked and turned into the object the later steps use (platforms, variants,
+        model and tokenizer, samples, plan)."""
+        vlist = parse_variants(variants)
+        plats = [as_platform(p.strip() if isinstance(p, str) else p)
+                 for p in (platforms.split(",") if isinstance(platforms, str) else platforms)]
+        if (repeats is not None and repeats < 1) or n_samples < 1:
+            raise NpuMoeError(f"repeats and n_samples must be >= 1; got {repeats} and {n_samples}")
+        check_chunk(chunk)
+        if isinstance(model, tuple):
+            model_obj, tok = model
+            name = model_name or getattr(model_obj.config, "_name_or_path", "model")
+            check_model_dtype(model_obj, dtype)
+        else:
+            model_obj, tok = load_model(model, dtype=resolve_dtype(dtype))
+            name = model_name or str(model)
+        numerics_fields = row_fields(next(model_obj.parameters()).dtype)   # dtype, cpu_flags, cpu_model
+        check_context(getattr(model_obj.config, "max_position_embeddings", None), prompt_len, "--prompt-len")
+        wl = get_workload(workload)
+        samples = wl.samples(tok, prompt_len, n_samples, seed)
+        if isinstance(plan, (str, Path)):
+            plan = Plan.load(plan, model=model_obj)
+        pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+        return _Run(model_obj, tok, name, vlist, plats, wl, samples, describe(model_obj), model_fingerprint(model_obj),
+                    numerics_fields, pad_id, chunk, plan, plan_knobs, prompt_len)
+
+    def score(self, sample, res) -> dict:
+        """Score from an existing prefill; decoding runs the normal (dropless) path."""
+        model = self.model
+        attached = getattr(model, "_npumoe", None) is not None
+        prev = set_executor(model, dropless_executor) if attached else None
+        try:
+            return evaluate_sample(model, self.tok, sample, self.workload,
+                                   prefill_fn=lambda m, ids: (res.logits, res.past_key_values))
+        finally:
+            if attached:
+                set_executor(model, prev)
+
+    def calibrate(self, calib_workload, calib_tokens, seed):
+        """Step 2: the calibration profile every plan variant's plan is built from (None: no plan variant)."""
+        if not any(v.experts == "plan" for v in self.variants):
+            return None
+        return calibration_profile(self.model, self.tok, calib_workload, self.chunk, calib_tokens, seed)
+
+    def reference(self) -> None:
+        """Step 3: HF's own experts on every sample (the accuracy reference). Timed on a modeled platform when the
+        reference variant is asked for: its rows there reuse this forward."""
+        detach(self.model)
+        self.model.set_experts_implementation("eager")
+        ref_v = next((v for v in self.variants if v.name == "reference"), None)
+        ref_plat = next((p for p in self.platforms if p.kind != "measured"), None) if ref_v else None
+        config = PrefillConfig(ref_plat, self.chunk, attention=ref_v.attention, pad_token_id=self.pad_id) \
+            if ref_plat else PrefillConfig.untimed(self.chunk, self.pad_id)
+        numerics = []
+        for s in progress(self.samples, desc="reference", leave=False):
+            ids = torch.tensor([s.input_ids])
+            if ref_plat is None:
+                res = chunked_prefill(self.model, ids, config)
+            else:
+                res = run_prefill(self.model, ids, config, measure_hf_experts=True)
+            self.refs.append((ReferenceLogits(res.logits), self.score(s, res)))   # prepared once for every variant
+            numerics.append(Numerics(ref_plat.name if ref_plat else None, res.ops, res.stats, res.wall_s,
+                                     self.refs[-1][1], logit_agreement(self.refs[-1][0], res.logits)))
+        if ref_plat is not None:
+            self.shared[numerics_key(ref_v, None, config)] = numerics
+
+    def prepare(self, plat, profile, npu_backend, warmup, drift, share_numerics) -> list[_Variant]:
+        """Step 4: each variant's plan and model configuration on `plat` (warmed up when measured)."""
+        if npu_backend not in (None, "torch") and plat.kind != "measured":
+            raise NpuMoeError(f"--npu-backend {npu_backend} runs real graphs: use it with a measured platform "
+                              f"(e.g. cpu), not the modeled {plat.name!r}")
+        out = []
+        for v in self.variants:
+            config = PrefillConfig(plat, self.chunk, attention=v.attention, pad_token_id=self.pad_id)
+            used = _attach_variant(self.model, v, self.specs, profile, config, PlanKnobs.given(self.knobs), self.plan,
+                                   npu_backend)
+            if config.measured:   # untimed: first calls pay allocator/thread-pool start-up (one static chunk)
+                for _ in range(warmup):
+                    chunked_prefill(self.model, torch.tensor([self.samples[0].input_ids[:self.chunk]]),
+                                    PrefillConfig.untimed(self.chunk, self.pad_id))
+            mon = None
+            if drift and used is not None:     # after the warm-up: only the samples' routing is monitored
+                mon = self.model._npumoe.executor.monitor = DriftMonitor(used, profile)
+            key = numerics_key(v, used, config)
+            out.append(_Variant(v, interleave.snapshot(self.model), used, config, mon, key,
+                                self.shared.get(key) if share_numerics else None))
+        return out
+
+    def prefill(self, plat, prepared: list[_Variant], reps, share_numerics, geometry, timeline, tl_frames,
+                bar) -> None:
+        """Step 5: every repeat x sample x variant prefilled (or priced from an equal-numerics run), variants
+        interleaved: a slow spell of the host hits every variant alike."""
+        for p in prepared:
+            p.per_rep = [[] for _ in range(reps)]
+            p.per_draw = [[] for _ in range(reps)]
+        for r in range(reps):
+            for i, s in enumerate(self.samples):
+                ids = torch.tensor([s.input_ids])
+                for p in prepared:
+                    v, config, prior = p.variant, p.config, p.prior
+                    if share_numerics and not config.measured and (prior or r > 0):   # numerics ran already
+                        src = prior[i] if prior else p.mine[i]
+                        res = remodel(src, config, geometry, n_tokens=len(s.input_ids))
+                        res.summary["numerics_from"] = src.platform
+                        ops = src.ops
+                    else:
+                        interleave.restore(self.model, p.snapshot)
+                        with p.load.measuring():
+                            res = run_prefill(self.model, ids, config, measure_hf_experts=v.experts == "hf")
+                        ops = res.ops
+                    p.per_rep[r].append(res.summary)
+                    p.per_draw[r].append(ops_draw_metrics(ops, plat, len(s.input_ids), self.drawn))
+                    if timeline and r == 0:
+                        tl_frames.append(to_frame(res.events, res.ops).assign(
+                            variant=v.name, platform=plat.name, sample=i, model=self.name,
+                            prompt_len=self.prompt_len, run_chunk=self.chunk))
+                    if r == 0:
+                        if prior:
+                            sc, agree = prior[i].score, prior[i].agreement
+                        else:
+                            sc, agree = self.score(s, res), logit_agreement(self.refs[i][0], res.logits)
+                        p.mine.append(Numerics(plat.name, res.ops, res.stats, res.wall_s, sc, agree))
+                        p.acc.append(dict(score=sc["score"], ref_score=self.refs[i][1]["score"], nll=sc.get("nll"),
+                                          **agree))
+                    bar.update(1)
+        for p in prepared:
+            self.shared.setdefault(p.key, p.mine)
+
+    def rows(self, plat, prepared: list[_Variant], workload, prompt_len, npu_backend, seed, prov) -> list[dict]:
+        """Step 6: one result row per variant and repeat (accuracy over the samples, timing per repeat)."""
+        rows = []
+        for p in prepared:
+            v, used, mon = p.variant, p.plan, p.monitor
+            deltas = [a["score"] - a["ref_score"] for a in p.acc]
+            d_mean, d_lo, d_hi = bootstrap_ci(deltas, seed=seed)
+            accdf = pd.DataFrame(p.acc)
+            exact = paired_exact(accdf["ref_score"], accdf["score"])
+            ttfts = [pd.DataFrame(reps_r)["ttft_s"].mean() for reps_r in p.per_rep]
+            host = p.load.columns(ttfts) if plat.kind == "measured" else {}
+            for r, reps_r in enumerate(p.per_rep):
+                m = pd.DataFrame(reps_r)
+                row = dict(model=self.name, workload=workload, variant=v.name, platform=plat.name,
+                           prompt_len=prompt_len, chunk=self.chunk, repeat=r, n_samples=len(self.samples),
+                           score_name=self.workload.metric, score=accdf["score"].mean(),
+                           ref_score=accdf["ref_score"].mean(),
+                           accuracy_delta=d_mean, accuracy_ci_low=d_lo, accuracy_ci_high=d_hi,
+                           accuracy_lost=exact["lost"], accuracy_gained=exact["gained"],
+                           accuracy_exact_low=exact["exact_low"], accuracy_exact_high=exact["exact_high"],
+                           accuracy_loss_bound=exact["loss_bound"], mcnemar_p=exact["mcnemar_p"],
+                           nll=accdf["nll"].mean() if accdf["nll"].notna().any() else None,
+                           top1_agree=accdf["top1_agree"].mean(), kl=accdf["kl"].mean(),
+                           platform_profile=plat.name, platform_hash=plat.hash, platform_kind=plat.kind,
+                           model_fingerprint=self.fingerprint, plan_hash=getattr(used, "hash", None),
+                           npu_backend=(npu_backend or "torch") if v.experts == "plan" else None,
+                           torch_threads=torch.get_num_threads(), **self.numerics_fields,
+                           created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **host, **prov,
+                           **(mon.summary() if mon else {}))
+                row.update(knob_columns(self.knobs))      # swept knobs become columns (the figures read them)
+                for col in m.columns:
+                    row[col] = m[col].mean() if pd.api.types.is_numeric_dtype(m[col]) else m[col].iloc[0]
+                if self.drawn is not None:
+                    row.update(mean_interval(p.per_draw[r]), interval_source=draws_source(plat))
+                rows.append(row)
+        return rows
 
 
 @with_torch_threads
@@ -83,157 +289,30 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
     model's dtype when loaded by name (None/"auto": this CPU's fast dtype, cpu_features.py); rows record it with
     the CPU's flags. A modeled platform reuses the forward of a run with the same numerics (shared_numerics.py;
     `share_numerics=False`: every row from its own forward). `drift=True`: plan variants run with a drift monitor
-    against the calibration profile (drift.py; columns drift_*); each row then comes from its own forward."""
+    against the calibration profile (drift.py; columns drift_*); each row then comes from its own forward.
+
+    The steps: resolve the inputs -> calibrate -> the reference prefill per sample -> per platform: each variant's
+    plan and configuration, then every sample x variant x repeat prefilled -> rows."""
     share_numerics = share_numerics and not drift     # a monitor observes the forward it is attached to
     PlanKnobs.check_names(plan_knobs)
-    vlist = parse_variants(variants)
-    plats = [get_platform(p.strip()) for p in (platforms.split(",") if isinstance(platforms, str) else platforms)]
-    if (repeats is not None and repeats < 1) or n_samples < 1:
-        raise NpuMoeError(f"repeats and n_samples must be >= 1; got {repeats} and {n_samples}")
-    if isinstance(model, tuple):
-        model_obj, tok = model
-        name = model_name or getattr(model_obj.config, "_name_or_path", "model")
-        check_model_dtype(model_obj, dtype)
-    else:
-        model_obj, tok = load_model(model, dtype=resolve_dtype(dtype))
-        name = model_name or str(model)
-    numerics_fields = row_fields(next(model_obj.parameters()).dtype)   # dtype, cpu_flags, cpu_model
-    check_context(getattr(model_obj.config, "max_position_embeddings", None), prompt_len, "--prompt-len")
-    wl = get_workload(workload)
-    samples = wl.samples(tok, prompt_len, n_samples, seed)
-    specs, fingerprint = describe(model_obj), model_fingerprint(model_obj)
-    if isinstance(plan, (str, Path)):
-        plan = Plan.load(plan, model=model_obj)
-    profile = None
-    if any(v.experts == "plan" for v in vlist):
-        profile = calibration_profile(model_obj, tok, calib_workload, chunk, calib_tokens, seed)
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-
-    def score(sample, res):
-        """Score from an existing prefill; decoding runs the normal (dropless) path."""
-        attached = getattr(model_obj, "_npumoe", None) is not None
-        prev = set_executor(model_obj, dropless_executor) if attached else None
-        try:
-            return evaluate_sample(model_obj, tok, sample, wl,
-                                   prefill_fn=lambda m, ids: (res.logits, res.past_key_values))
-        finally:
-            if attached:
-                set_executor(model_obj, prev)
-
-    # the reference: HF's own experts, unchunked numerics aside from the chunking itself
-    detach(model_obj)
-    model_obj.set_experts_implementation("eager")
-    # timed on a modeled platform when the reference variant is asked for: its rows there reuse this forward
-    ref_v = next((v for v in vlist if v.name == "reference"), None)
-    ref_plat = next((p for p in plats if p.kind != "measured"), None) if ref_v else None
-    ref_config = PrefillConfig(ref_plat, chunk, attention=ref_v.attention, pad_token_id=pad_id) if ref_plat else None
-    refs, ref_numerics = [], []
-    for s in progress(samples, desc="reference", leave=False):
-        ids = torch.tensor([s.input_ids])
-        if ref_config is None:
-            res = chunked_prefill(model_obj, ids, chunk, pad_token_id=pad_id)
-        else:
-            res = run_prefill(model_obj, ids, ref_config, measure_hf_experts=True)
-        refs.append((ReferenceLogits(res.logits), score(s, res)))   # prepared once for every variant's agreement
-        ref_numerics.append(Numerics(ref_plat.name if ref_plat else None, res.ops, res.stats, res.wall_s,
-                                     refs[-1][1], logit_agreement(refs[-1][0], res.logits)))
+    run = _Run.resolve(model, workload, variants, platforms, prompt_len, chunk, plan, repeats, n_samples, seed,
+                       model_name, dtype, plan_knobs)
+    profile = run.calibrate(calib_workload, calib_tokens, seed)
+    run.reference()
     rows, tl_frames = [], []
     prov = provenance()
-    geometry, shared = ModelGeometry.from_config(model_obj.config), {}   # numerics key -> per sample Numerics
-    if ref_config is not None:
-        shared[numerics_key(ref_v, None, ref_config)] = ref_numerics
-    reps_of = {p.name: repeats or (MEASURED_REPEATS if p.kind == "measured" else 1) for p in plats}
-    bar = progress(total=len(vlist) * len(samples) * sum(reps_of.values()), desc=f"run {workload}")
-    for plat in plats:
-        if npu_backend not in (None, "torch") and plat.kind != "measured":
-            raise NpuMoeError(f"--npu-backend {npu_backend} runs real graphs: use it with a measured platform "
-                              f"(e.g. cpu), not the modeled {plat.name!r}")
-        reps, configs = reps_of[plat.name], {}
-        for v in vlist:
-            config = PrefillConfig(plat, chunk, attention=v.attention, pad_token_id=pad_id)
-            used = _attach_variant(model_obj, v, specs, profile, config, plan_knobs, plan, npu_backend)
-            if config.measured:   # untimed: first calls pay allocator/thread-pool start-up (one static chunk)
-                for _ in range(warmup):
-                    chunked_prefill(model_obj, torch.tensor([samples[0].input_ids[:chunk]]), chunk,
-                                    pad_token_id=pad_id)
-            mon = None
-            if drift and used is not None:     # after the warm-up: only the samples' routing is monitored
-                mon = model_obj._npumoe.executor.monitor = DriftMonitor(used, profile)
-            key = numerics_key(v, used, config)
-            configs[v.name] = (interleave.snapshot(model_obj), used, config, mon, key,
-                               shared.get(key) if share_numerics else None)
-        per_rep = {v.name: [[] for _ in range(reps)] for v in vlist}
+    geometry = ModelGeometry.from_config(run.model.config)
+    reps_of = {p.name: repeats or (MEASURED_REPEATS if p.kind == "measured" else 1) for p in run.platforms}
+    bar = progress(total=len(run.variants) * len(run.samples) * sum(reps_of.values()), desc=f"run {workload}")
+    for plat in run.platforms:
+        prepared = run.prepare(plat, profile, npu_backend, warmup, drift, share_numerics)
         # modeled platforms: each sample's ops priced under parameter draws too (the rows' 90 % intervals)
-        drawn = parameter_draws(plat, draws, seed) if draws and plat.kind != "measured" else None
-        per_draw = {v.name: [[] for _ in range(reps)] for v in vlist}
-        acc = {v.name: [] for v in vlist}
-        mine = {v.name: [] for v in vlist}
-        loads = {v.name: HostLoad() for v in vlist}
-        for r in range(reps):       # variants interleaved: a slow spell of the host hits every variant alike
-            for i, s in enumerate(samples):
-                ids = torch.tensor([s.input_ids])
-                for v in vlist:
-                    snap, used, config, mon, key, prior = configs[v.name]
-                    if share_numerics and not config.measured and (prior or r > 0):   # numerics ran already
-                        src = prior[i] if prior else mine[v.name][i]
-                        res = remodel(src, config, geometry, n_tokens=len(s.input_ids))
-                        res.summary["numerics_from"] = src.platform
-                        ops = src.ops
-                    else:
-                        interleave.restore(model_obj, snap)
-                        with loads[v.name].measuring():
-                            res = run_prefill(model_obj, ids, config, measure_hf_experts=v.experts == "hf")
-                        ops = res.ops
-                    per_rep[v.name][r].append(res.summary)
-                    per_draw[v.name][r].append(ops_draw_metrics(ops, plat, len(s.input_ids), drawn))
-                    if timeline and r == 0:
-                        tl = to_frame(res.events).assign(variant=v.name, platform=plat.name, sample=i)
-                        tl_frames.append(tl)
-                    if r == 0:
-                        if prior:
-                            sc, agree = prior[i].score, prior[i].agreement
-                        else:
-                            sc, agree = score(s, res), logit_agreement(refs[i][0], res.logits)
-                        mine[v.name].append(Numerics(plat.name, res.ops, res.stats, res.wall_s, sc, agree))
-                        acc[v.name].append(dict(score=sc["score"], ref_score=refs[i][1]["score"], nll=sc.get("nll"),
-                                                **agree))
-                    bar.update(1)
-        for v in vlist:
-            _, used, config, mon, key, _ = configs[v.name]
-            shared.setdefault(key, mine[v.name])
-            deltas = [a["score"] - a["ref_score"] for a in acc[v.name]]
-            d_mean, d_lo, d_hi = bootstrap_ci(deltas, seed=seed)
-            accdf = pd.DataFrame(acc[v.name])
-            exact = paired_exact(accdf["ref_score"], accdf["score"])
-            ttfts = [pd.DataFrame(reps_r)["ttft_s"].mean() for reps_r in per_rep[v.name]]
-            host = loads[v.name].columns(ttfts) if plat.kind == "measured" else {}
-            for r, reps_r in enumerate(per_rep[v.name]):
-                m = pd.DataFrame(reps_r)
-                row = dict(model=name, workload=workload, variant=v.name, platform=plat.name,
-                           prompt_len=prompt_len, chunk=chunk, repeat=r, n_samples=len(samples),
-                           score_name=wl.metric, score=accdf["score"].mean(), ref_score=accdf["ref_score"].mean(),
-                           accuracy_delta=d_mean, accuracy_ci_low=d_lo, accuracy_ci_high=d_hi,
-                           accuracy_lost=exact["lost"], accuracy_gained=exact["gained"],
-                           accuracy_exact_low=exact["exact_low"], accuracy_exact_high=exact["exact_high"],
-                           accuracy_loss_bound=exact["loss_bound"], mcnemar_p=exact["mcnemar_p"],
-                           nll=accdf["nll"].mean() if accdf["nll"].notna().any() else None,
-                           top1_agree=accdf["top1_agree"].mean(), kl=accdf["kl"].mean(),
-                           platform_profile=plat.name, platform_hash=plat.hash, platform_kind=plat.kind,
-                           model_fingerprint=fingerprint, plan_hash=getattr(used, "hash", None),
-                           npu_backend=(npu_backend or "torch") if v.experts == "plan" else None,
-                           torch_threads=torch.get_num_threads(), **numerics_fields,
-                           created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **host, **prov,
-                           **(mon.summary() if mon else {}))
-                for k in plan_knobs:            # swept knobs become columns (the figures read them)
-                    row["n_tiers" if k == "tiers" else k] = plan_knobs[k]
-                for col in m.columns:
-                    row[col] = m[col].mean() if pd.api.types.is_numeric_dtype(m[col]) else m[col].iloc[0]
-                if drawn is not None:
-                    row.update(mean_interval(per_draw[v.name][r]), interval_source=draws_source(plat))
-                rows.append(row)
+        run.drawn = parameter_draws(plat, draws, seed) if draws and plat.kind != "measured" else None
+        run.prefill(plat, prepared, reps_of[plat.name], share_numerics, geometry, timeline, tl_frames, bar)
+        rows += run.rows(plat, prepared, workload, prompt_len, npu_backend, seed, prov)
     warn_if_busy(rows)
     bar.close()
-    detach(model_obj)
+    detach(run.model)
     df = pd.DataFrame(rows)
     if out is not None:
         write_rows(df, out)            # content-hash file name: a re-run never replaces earlier rows

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from npumoe_lab.execution.clock import TimelineClock
 from npumoe_lab.execution.geometry import ModelGeometry
-from npumoe_lab.execution.ops import ChunkContext
+from npumoe_lab.execution.engine import as_layout
 from npumoe_lab.execution.runtime import PrefillConfig, PrefillResult, finish
 
 
@@ -34,13 +34,11 @@ def numerics_key(variant, plan, config: PrefillConfig) -> tuple:
 
 
 def all_cold(plan) -> bool:
-    """True for a plan (or ExecutionLayout) whose every expert of every layer is in a non-resident group (an
-    expert in no group would get capacity 0, i.e. be dropped, not computed dynamically)."""
+    """True for a plan (or ExecutionLayout) whose every group of every layer is non-resident (the layout holds each
+    expert in exactly one group: layout.LayerLayout checks it)."""
     if plan is None:
         return False
-    layout = plan.compile() if hasattr(plan, "compile") else plan
-    return all(not g.resident for lay in layout.layers for g in lay.groups) and \
-        all(len({e for g in lay.groups for e in g.experts}) == lay.n_experts for lay in layout.layers)
+    return all(not g.resident for lay in as_layout(plan).layers for g in lay.groups)
 
 
 @dataclass
@@ -62,8 +60,7 @@ def remodel(source: Numerics, config: PrefillConfig, geometry: ModelGeometry, n_
     last = max((op.chunk for op, _, _ in source.ops), default=0)
     for op, deps, wall in source.ops:
         if op.kind == "other":
-            ctx = ChunkContext(index=op.chunk, past=0, n_real=config.chunk, length=config.chunk, clock=clock,
-                               dtype_bytes=config.dtype_bytes, npu_weight_bytes=config.npu_weight_bytes)
+            ctx = config.chunk_context(op.chunk, config.chunk, clock)
             op = geometry.rest_op(ctx, op.chunk == last, measured=False)
         clock.record(op, wall, deps)
     res = PrefillResult(logits=None, past_key_values=None, events=clock.events, stats=source.stats,

@@ -31,9 +31,8 @@ class Limits:
         """From a platform profile object (`.npu.graph_limit_bytes`, `.npu.max_dim`), a profile name, or None."""
         if platform is None or isinstance(platform, Limits):
             return platform or cls()
-        if isinstance(platform, str):
-            from npumoe_lab.devices import get_platform  # noqa: PLC0415  (the platform registry is optional here)
-            platform = get_platform(platform)
+        from npumoe_lab.devices import as_platform  # noqa: PLC0415  (the platform registry is optional here)
+        platform = as_platform(platform)
         npu = platform.npu
         num = lambda v: float(getattr(v, "value", v))  # noqa: E731  (profile params may be {value, unit, ...})
         return cls(int(num(npu.graph_limit_bytes)), int(num(npu.max_dim)), getattr(platform, "name", "platform"))

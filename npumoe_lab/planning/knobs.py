@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.planning.grouping import ORDERS
@@ -66,6 +66,23 @@ class PlanKnobs:
         unknown = sorted(set(names) - set(PlanKnobs.names()))
         if unknown:
             raise NpuMoeError(f"unknown {where}(s) {unknown}; valid: {', '.join(PlanKnobs.names())}")
+
+    @staticmethod
+    def of(knobs=None, **overrides) -> "PlanKnobs":
+        """The one way knobs enter a plan: `knobs` (a PlanKnobs, a dict of knob values such as a plan's `.knobs`,
+        or None: the defaults) with `overrides` on top; unknown names are an error, values are checked here."""
+        if isinstance(knobs, PlanKnobs):
+            PlanKnobs.check_names(overrides)
+            return replace(knobs, **overrides) if overrides else knobs
+        given = {**(knobs or {}), **overrides}
+        PlanKnobs.check_names(given)
+        return PlanKnobs(**given)
+
+    @staticmethod
+    def given(values: dict) -> dict:
+        """The knobs a caller set (a None value = not given: the plan's or the variant's own default decides)."""
+        PlanKnobs.check_names(values)
+        return {n: v for n, v in values.items() if v is not None}
 
     def as_dict(self) -> dict:
         return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}

@@ -17,11 +17,13 @@ DEVICES = ("npu", "cpu")
 
 @dataclass(frozen=True)
 class GroupLayout:
-    """One static group: same-capacity experts run as one [G x C, H] graph on `device` (npu = resident)."""
+    """One static group: same-capacity experts run as one [G x C, H] graph on `device` (npu = resident). The
+    engine places these in its buffer as they are (`core.packing.Layout.from_groups`)."""
     id: int
     experts: tuple[int, ...]
     capacity: int
     device: str
+    tier: int | None = None             # the plan's capacity tier (None: a layout made without tiers)
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -45,10 +47,19 @@ class LayerLayout:
     groups: tuple[GroupLayout, ...]
 
     def __post_init__(self):
+        # the one check that groups partition the experts (a Plan is checked through this too, plan.py)
         seen = sorted(e for g in self.groups for e in g.experts)
         if seen != list(range(self.n_experts)):
             raise NpuMoeError(f"layout layer {self.layer}: groups must hold each of its {self.n_experts} experts "
                               "exactly once; rebuild the plan")
+
+    @staticmethod
+    def from_plan_layer(lp: dict) -> "LayerLayout":
+        """The typed form of one layer of a Plan's JSON (`Plan.layers[i]`)."""
+        groups = tuple(GroupLayout(int(g["id"]), tuple(int(e) for e in g["experts"]), int(g["capacity"]),
+                                   "npu" if g["resident"] else "cpu", g.get("tier")) for g in lp["groups"])
+        return LayerLayout(int(lp["layer"]), int(lp["n_experts"]), int(lp["top_k"]), int(lp["hidden"]),
+                           int(lp["intermediate"]), groups)
 
     @property
     def cold_experts(self) -> tuple[int, ...]:
@@ -81,9 +92,7 @@ class ExecutionLayout:
                               f"with --chunk {chunk}")
 
     def check_model(self, fingerprint: str) -> None:
-        if self.model_fingerprint is not None and fingerprint != self.model_fingerprint:
-            raise NpuMoeError(f"the plan was built for model {self.model_fingerprint[:12]} but this model is "
-                              f"{fingerprint[:12]}; calibrate and plan this model (npumoe-lab calibrate / plan)")
+        check_model(self.model_fingerprint, fingerprint)
 
     @staticmethod
     def build(specs, groups: dict, saliency: str = "weight_x_norm", renormalize: bool = False,
@@ -102,20 +111,22 @@ class ExecutionLayout:
     @staticmethod
     def dropless(specs) -> "ExecutionLayout":
         """Every expert cold, one per group: the dynamic dropless CPU path (each expert at its actual load)."""
-        specs = list(specs)
-        return ExecutionLayout.build(specs, {s.layer: [((e,), 1, False) for e in range(s.n_experts)] for s in specs},
-                                     saliency="position")
+        return ExecutionLayout(tuple(LayerLayout(s.layer, s.n_experts, s.top_k, s.hidden, s.intermediate,
+                                                 tuple(GroupLayout(e, (e,), 1, "cpu") for e in range(s.n_experts)))
+                                     for s in specs), "position", False, None, None)
 
     @staticmethod
     def from_plan(plan) -> "ExecutionLayout":
-        layers = []
-        for lp in plan.layers:
-            groups = tuple(GroupLayout(int(g["id"]), tuple(int(e) for e in g["experts"]), int(g["capacity"]),
-                                       "npu" if g["resident"] else "cpu") for g in lp["groups"])
-            layers.append(LayerLayout(int(lp["layer"]), int(lp["n_experts"]), int(lp["top_k"]), int(lp["hidden"]),
-                                      int(lp["intermediate"]), groups))
-        return ExecutionLayout(tuple(layers), plan.saliency, bool(plan.renormalize), int(plan.chunk),
-                               plan.model_fingerprint, plan.hash)
+        return ExecutionLayout(tuple(LayerLayout.from_plan_layer(lp) for lp in plan.layers), plan.saliency,
+                               bool(plan.renormalize), int(plan.chunk), plan.model_fingerprint, plan.hash)
 
 
-__all__ = ["ExecutionLayout", "LayerLayout", "GroupLayout"]
+def check_model(planned: str | None, fingerprint: str) -> None:
+    """The one model check of plans and layouts: `fingerprint` (the model's) must be the one planned for
+    (None: a layout for any model of these specs)."""
+    if planned is not None and fingerprint != planned:
+        raise NpuMoeError(f"the plan was built for model {planned[:12]} but this model is {fingerprint[:12]}; "
+                          "calibrate and plan this model (npumoe-lab calibrate / plan)")
+
+
+__all__ = ["ExecutionLayout", "LayerLayout", "GroupLayout", "check_model"]

@@ -16,11 +16,11 @@ from types import SimpleNamespace
 import numpy as np
 
 from npumoe_lab.planning.profile import CalibrationProfile
-from npumoe_lab.devices import get_platform
+from npumoe_lab.devices import as_platform
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.planning.grouping import make_groups_with_notes
 from npumoe_lab.planning.knobs import PlanKnobs, add_knob_arguments, knobs_from_args
-from npumoe_lab.planning.layout import ExecutionLayout
+from npumoe_lab.planning.layout import ExecutionLayout, LayerLayout, check_model
 from npumoe_lab.models import describe, load_model, model_fingerprint
 from npumoe_lab.planning.residency import assign_residency, fit_budget
 from npumoe_lab.core.saliency import check_rule
@@ -100,9 +100,7 @@ class Plan:
 
     def check_model(self, model_or_fingerprint) -> None:
         fp = model_or_fingerprint if isinstance(model_or_fingerprint, str) else _fingerprint(model_or_fingerprint)
-        if fp != self.model_fingerprint:
-            raise NpuMoeError(f"the plan was built for model {self.model_fingerprint[:12]} but this model is "
-                              f"{fp[:12]}; calibrate and plan this model (npumoe-lab calibrate / plan)")
+        check_model(self.model_fingerprint, fp)
 
     def build_kwargs(self) -> dict:
         """The build_plan keyword arguments this plan was built with (for variant_plan / rebuilding)."""
@@ -156,17 +154,15 @@ def _pct(x) -> str:
 
 
 def _check_layer(lp: dict) -> None:
+    """What a plan layer holds beyond its execution layout (whose own checks, every expert in exactly one group of
+    capacity >= 1, run in layout.LayerLayout): per-expert capacities and tiers that agree with the groups."""
     name = f"plan layer {lp.get('layer')}"
     E, cap, tier, tc = lp["n_experts"], lp["capacity"], lp["tier"], lp["tier_capacities"]
     if len(cap) != E or len(tier) != E:
         raise NpuMoeError(f"{name}: capacity and tier need {E} entries, got {len(cap)} and {len(tier)}")
-    if min(cap) < 1:
-        raise NpuMoeError(f"{name}: capacities must be >= 1 (0 drops every token), got min {min(cap)}")
     if any(cap[e] != tc[tier[e]] for e in range(E)):
         raise NpuMoeError(f"{name}: an expert's capacity differs from its tier's capacity")
-    seen = sorted(e for g in lp["groups"] for e in g["experts"])
-    if seen != list(range(E)):
-        raise NpuMoeError(f"{name}: groups must hold every expert exactly once")
+    LayerLayout.from_plan_layer(lp)
     for g in lp["groups"]:
         if any(cap[e] != g["capacity"] for e in g["experts"]):
             raise NpuMoeError(f"{name}: group {g['id']} holds experts of another capacity")
@@ -190,10 +186,14 @@ def _specs(profile, model_or_specs) -> list:
     return describe(model_or_specs)
 
 
-def _platform(platform):
-    if platform is None or not isinstance(platform, str):
-        return platform
-    return get_platform(platform)
+def _residency_rule(k: PlanKnobs, platform) -> str:
+    """The residency rule a plan uses: the knob's, else "cost", or "threshold" with a hot_threshold or no platform."""
+    if k.residency is None:
+        return "threshold" if k.hot_threshold is not None or platform is None else "cost"
+    if k.residency == "cost" and k.hot_threshold is not None:
+        raise NpuMoeError(f"hot_threshold={k.hot_threshold} applies to residency 'threshold' only; pass "
+                          f"residency='threshold' with it, or drop it for the cost rule")
+    return k.residency
 
 
 def _memo(profile, key, make):
@@ -206,44 +206,33 @@ def _memo(profile, key, make):
     return memo[key]
 
 
-def _tiers(counts, chunk, spec, tiers, percentile, align, min_capacity, multipliers, rule, uniform_slack,
-           top_fraction):
-    assign = assign_tiers(counts, chunk, spec.top_k, spec.n_experts, n_tiers=tiers, percentile=percentile,
-                          align=align, min_capacity=min_capacity, multipliers=multipliers, rule=rule,
-                          uniform_slack=uniform_slack, top_fraction=top_fraction)
+def _tiers(counts, chunk, spec, k):
+    assign = assign_tiers(counts, chunk, spec.top_k, spec.n_experts, tiers=k.tiers, percentile=k.percentile,
+                          align=k.align, min_capacity=k.min_capacity, multipliers=k.multipliers, rule=k.capacity_rule,
+                          uniform_slack=k.uniform_slack, top_fraction=k.top_fraction)
     return assign, expected_kept_tokens(assign, counts)
 
 
-def build_plan(profile, model_or_specs=None, platform="m2-max", **knobs) -> Plan:
+def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs | dict | None = None,
+               **overrides) -> Plan:
     """Plan for every calibrated MoE layer. `profile`: a CalibrationProfile or its directory. `model_or_specs`:
     the model (its fingerprint must match the profile's), a list of MoELayerSpec, or None (specs stored in the
-    profile). `platform` (name or Platform) gives the graph limits and the cost model; None = no device limits and
-    no cost model. `knobs`: any of `knobs.PlanKnobs` (tiers=3, percentile=90, group_size=8, ...: defaults and checks
-    live there). `residency=None`: "cost" (each group where the platform's model runs it faster), or "threshold"
+    profile). `platform` (a Platform, or a name resolved here) gives the graph limits and the cost model; None = no
+    device limits and no cost model. `knobs`: a `knobs.PlanKnobs` (or a dict of knob values; None: the defaults),
+    `overrides` single knobs on top (tiers=3, percentile=90, group_size=8, ...: defaults and checks live in
+    PlanKnobs). `residency=None`: "cost" (each group where the platform's model runs it faster), or "threshold"
     when a hot_threshold is given (the ablation knob) or there is no platform; `hot_threshold=None` in threshold
     mode = one balanced expert's load, chunk * top_k / n_experts. The graph byte budget counts the NPU's stored
     weight size (platform npu.weight_bytes, e.g. 1 for int8), else dtype_bytes."""
     if not isinstance(profile, CalibrationProfile):
         profile = CalibrationProfile.load(profile)
-    PlanKnobs.check_names(knobs)
-    k = PlanKnobs(**knobs)
-    specs, plat = _specs(profile, model_or_specs), _platform(platform)
-    knobs = {n: v for n, v in k.as_dict().items() if n not in ("saliency", "renormalize")}
-    tiers, percentile, align, min_capacity, multipliers = k.tiers, k.percentile, k.align, k.min_capacity, k.multipliers
-    capacity_rule, uniform_slack, top_fraction, group_size, order = (k.capacity_rule, k.uniform_slack,
-                                                                      k.top_fraction, k.group_size, k.order)
-    strict, residency, hot_threshold, dtype_bytes = k.strict, k.residency, k.hot_threshold, k.dtype_bytes
-    saliency, renormalize, npu_memory_budget_bytes = k.saliency, k.renormalize, k.npu_memory_budget_bytes
-    if residency is None:
-        residency = "threshold" if hot_threshold is not None or plat is None else "cost"
-    elif residency == "cost" and hot_threshold is not None:
-        raise NpuMoeError(f"hot_threshold={hot_threshold} applies to residency 'threshold' only; pass "
-                          f"residency='threshold' with it, or drop it for the cost rule")
-    knobs["residency"] = residency
+    k = PlanKnobs.of(knobs, **overrides)
+    specs, plat = _specs(profile, model_or_specs), as_platform(platform)
+    residency = _residency_rule(k, plat)
     npu = getattr(plat, "npu", None)
     limit = getattr(npu, "graph_limit_bytes", None)
     max_dim = getattr(npu, "max_dim", None)
-    weight_size = getattr(npu, "weight_bytes", None) or dtype_bytes    # what the NPU graph stores per weight
+    weight_size = getattr(npu, "weight_bytes", None) or k.dtype_bytes    # what the NPU graph stores per weight
     layers, all_groups, flags = [], [], []
     for spec in specs:
         if spec.layer not in profile.layers:
@@ -255,27 +244,25 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", **knobs) -> Plan
                               f"{spec.n_experts}; calibrate this model")
         counts = np.pad(counts, ((0, spec.n_experts - counts.shape[0]), (0, 0)))   # never-routed experts
         shape = (spec.layer, spec.n_experts, spec.top_k, spec.hidden, spec.intermediate)
-        tier_args = (tiers, percentile, align, min_capacity, repr(multipliers), capacity_rule, uniform_slack,
-                     top_fraction)
+        tier_args = (k.tiers, k.percentile, k.align, k.min_capacity, repr(k.multipliers), k.capacity_rule,
+                     k.uniform_slack, k.top_fraction)
         # tiers and groups depend on the counts and these knobs only: plans of several variants and platforms
         # from one profile (a simulation's grid) share them
-        assign, kept = _memo(profile, ("tiers", shape, tier_args), lambda: _tiers(
-            counts, profile.chunk, spec, tiers, percentile, align, min_capacity, multipliers, capacity_rule,
-            uniform_slack, top_fraction))
-        group_args = (group_size, order, weight_size, limit, max_dim, strict)
+        assign, kept = _memo(profile, ("tiers", shape, tier_args), lambda: _tiers(counts, profile.chunk, spec, k))
+        group_args = (k.group_size, k.order, weight_size, limit, max_dim, k.strict)
         groups, notes = _memo(profile, ("groups", shape, tier_args, group_args), lambda: make_groups_with_notes(
-            assign.tier, assign.capacity, kept, group_size, order,
-            profile.coactivation_matrix(spec.layer) if order == "coactivation" else None, hidden=spec.hidden,
+            assign.tier, assign.capacity, kept, k.group_size, k.order,
+            profile.coactivation_matrix(spec.layer) if k.order == "coactivation" else None, hidden=spec.hidden,
             intermediate=spec.intermediate, dtype_bytes=weight_size, graph_limit_bytes=limit, max_dim=max_dim,
-            strict=strict))
+            strict=k.strict))
         notes = list(notes)
-        thr = hot_threshold
+        thr = k.hot_threshold
         if residency == "threshold" and thr is None:
             thr = profile.chunk * spec.top_k / spec.n_experts
         routed = counts.mean(axis=1)         # expected routed tokens per chunk per expert: the CPU's load
         routed_ = routed.tolist()            # Python floats: the same sums, without a NumPy scalar per expert
         loads = [float(sum(routed_[e] for e in g.experts)) for g in groups]
-        flags += assign_residency(groups, residency, thr, plat, spec, None, dtype_bytes, loads=loads)
+        flags += assign_residency(groups, residency, thr, plat, spec, None, k.dtype_bytes, loads=loads)
         all_groups += groups
         static = _memo(profile, ("entry", shape, tier_args, group_args), lambda: dict(
             capacity=assign.capacity.tolist(), tier=assign.tier.tolist(), tier_capacities=list(assign.tier_capacities),
@@ -289,23 +276,26 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", **knobs) -> Plan
                        "groups": [dict(g) for g in static["groups"]],
                        "expected_padding": static["expected_padding"],
                        "expected_drop_rate": static["expected_drop_rate"], "hot_threshold": thr, "notes": notes})
-    flags = iter(fit_budget(all_groups, flags, npu_memory_budget_bytes))   # one budget over all layers
+    flags = iter(fit_budget(all_groups, flags, k.npu_memory_budget_bytes))   # one budget over all layers
     for lp in layers:
         for g in lp["groups"]:
             g["resident"] = bool(next(flags))
     meta = profile.meta
-    return Plan(model_fingerprint=meta["model_fingerprint"], chunk=profile.chunk, saliency=saliency,
-                renormalize=bool(renormalize), platform=getattr(plat, "name", plat), knobs=knobs, layers=layers,
-                calibration={k: meta.get(k) for k in ("workload", "n_tokens", "n_chunks", "created", "model")})
+    stored = {n: v for n, v in k.as_dict().items() if n not in ("saliency", "renormalize")} | {"residency": residency}
+    return Plan(model_fingerprint=meta["model_fingerprint"], chunk=profile.chunk, saliency=k.saliency,
+                renormalize=bool(k.renormalize), platform=getattr(plat, "name", plat), knobs=stored, layers=layers,
+                calibration={n: meta.get(n) for n in ("workload", "n_tokens", "n_chunks", "created", "model")})
 
 
-def variant_plan(profile, variant: str, model_or_specs=None, **knobs) -> Plan:
-    """The plan of a variant (variants.py): `knobs` (e.g. a plan's .knobs) with the variant's forced knobs on
-    top. Raises for variants that run without a plan (reference, cpu-only, anemll)."""
+def variant_plan(profile, variant: str, model_or_specs=None, platform="m2-max",
+                 knobs: PlanKnobs | dict | None = None, **overrides) -> Plan:
+    """The plan of a variant (variants.py): `knobs` (a PlanKnobs, or a dict such as a plan's .knobs) and
+    `overrides` with the variant's forced knobs on top. Raises for variants that run without a plan (reference,
+    cpu-only, anemll)."""
     v = get_variant(variant)
     if v.experts != "plan":
         raise NpuMoeError(f"variant {variant!r} runs its experts without a plan ({v.experts}); nothing to build")
-    return build_plan(profile, model_or_specs, **{**knobs, **v.plan_overrides})
+    return build_plan(profile, model_or_specs, platform, PlanKnobs.of(knobs, **{**overrides, **v.plan_overrides}))
 
 
 # -- CLI -------------------------------------------------------------------------------------------------

@@ -3,14 +3,14 @@
 Inputs are one layer's calibrated per-chunk routed counts [E, n_chunks]. An expert's *need* is the chosen
 percentile of its per-chunk counts (numpy's linear interpolation, rounded up). Capacity rules (`CAPACITY_RULES`):
 
-- `tiered` (default, the paper's scheme): sort experts by need, hottest first, and cut them into `n_tiers`
+- `tiered` (default, the paper's scheme): sort experts by need, hottest first, and cut them into `tiers`
   popularity buckets: the top `top_fraction` (0.25, the paper's "top quartile") is bucket 0, the rest is split
   evenly. A bucket's tier capacity is its largest need, aligned up to `align` and at least `min_capacity`; with
   `multipliers` (e.g. (4, 2, 1), the paper's "top quartile gets 4x base") tier j is `base * multipliers[j]`
   aligned, base = the coldest bucket's capacity. Equal capacities merge, so tier capacities are strictly
   decreasing. Each expert then gets the SMALLEST tier capacity that covers its need (tau(e) = max{j: n_e <= C_j});
   an expert above the largest tier gets the largest (and drops its overflow).
-- `optimal`: the same "smallest covering tier", with the <= n_tiers capacities chosen by dynamic programming to
+- `optimal`: the same "smallest covering tier", with the <= tiers capacities chosen by dynamic programming to
   minimise the total computed slots sum_e C_tier(e) (least padding for full coverage of every need).
 - `uniform`: the authors' prototype rule, one capacity `ceil(chunk * top_k / n_experts) + uniform_slack` aligned.
 - `max_observed`: each expert its own capacity = its largest per-chunk count (naive-npu: nothing dropped on the
@@ -83,29 +83,29 @@ def _check(counts, chunk, top_k, n_experts, percentile, align, min_capacity) -> 
     return c.astype(np.int64)
 
 
-def _buckets(n: int, n_tiers: int, top_fraction: float) -> list[int]:
+def _buckets(n: int, tiers: int, top_fraction: float) -> list[int]:
     """Sizes of the popularity buckets, hottest first."""
-    if n_tiers == 1:
+    if tiers == 1:
         return [n]
-    top = min(n - (n_tiers - 1), max(1, round(top_fraction * n)))
-    rest, extra = divmod(n - top, n_tiers - 1)
-    return [top] + [rest + (1 if i < extra else 0) for i in range(n_tiers - 1)]
+    top = min(n - (tiers - 1), max(1, round(top_fraction * n)))
+    rest, extra = divmod(n - top, tiers - 1)
+    return [top] + [rest + (1 if i < extra else 0) for i in range(tiers - 1)]
 
 
-def _optimal_capacities(needs_desc: list[int], n_tiers: int) -> list[int]:
-    """Segment the descending needs into <= n_tiers runs minimising sum(run size * run max)."""
+def _optimal_capacities(needs_desc: list[int], tiers: int) -> list[int]:
+    """Segment the descending needs into <= tiers runs minimising sum(run size * run max)."""
     n = len(needs_desc)
     INF = float("inf")
-    best = [[INF] * (n + 1) for _ in range(n_tiers + 1)]
-    back = [[0] * (n + 1) for _ in range(n_tiers + 1)]
+    best = [[INF] * (n + 1) for _ in range(tiers + 1)]
+    back = [[0] * (n + 1) for _ in range(tiers + 1)]
     best[0][0] = 0
-    for j in range(1, n_tiers + 1):
+    for j in range(1, tiers + 1):
         for i in range(1, n + 1):            # the first i experts use j tiers; the last run starts at s
             for s in range(j - 1, i):
                 cost = best[j - 1][s] + needs_desc[s] * (i - s)
                 if cost < best[j][i]:
                     best[j][i], back[j][i] = cost, s
-    j = min(range(1, n_tiers + 1), key=lambda t: best[t][n])
+    j = min(range(1, tiers + 1), key=lambda t: best[t][n])
     caps, i = [], n
     while j > 0:
         s = back[j][i]
@@ -114,21 +114,21 @@ def _optimal_capacities(needs_desc: list[int], n_tiers: int) -> list[int]:
     return caps[::-1]
 
 
-def assign_tiers(per_chunk_counts, chunk: int, top_k: int, n_experts: int, n_tiers: int = 3,
+def assign_tiers(per_chunk_counts, chunk: int, top_k: int, n_experts: int, tiers: int = 3,
                  percentile: float = 90, align: int = 8, min_capacity: int = 8, multipliers=None,
                  rule: str = "tiered", uniform_slack: int = 16, top_fraction: float = 0.25) -> TierAssignment:
     """Static capacity per expert for one layer (see the module docstring for the rules)."""
     counts = _check(per_chunk_counts, chunk, top_k, n_experts, percentile, align, min_capacity)
     if rule not in CAPACITY_RULES:
         raise NpuMoeError(f"unknown capacity rule {rule!r}; use one of: {', '.join(CAPACITY_RULES)}")
-    if not isinstance(n_tiers, (int, np.integer)) or not 1 <= n_tiers <= n_experts:
-        raise NpuMoeError(f"n_tiers must be an int in [1, n_experts={n_experts}], got {n_tiers!r}")
+    if not isinstance(tiers, (int, np.integer)) or not 1 <= tiers <= n_experts:
+        raise NpuMoeError(f"tiers must be an int in [1, n_experts={n_experts}], got {tiers!r}")
     ceiling = align_up(chunk, align)
 
     def fit(x: float) -> int:  # aligned, >= min_capacity, <= chunk
         return min(ceiling, align_up(max(x, min_capacity), align))
 
-    knobs = dict(rule=rule, n_tiers=int(n_tiers), percentile=percentile, align=align, min_capacity=min_capacity,
+    knobs = dict(rule=rule, tiers=int(tiers), percentile=percentile, align=align, min_capacity=min_capacity,
                  multipliers=None if multipliers is None else list(multipliers), uniform_slack=uniform_slack,
                  top_fraction=top_fraction)
     if rule == "uniform":
@@ -145,16 +145,16 @@ def assign_tiers(per_chunk_counts, chunk: int, top_k: int, n_experts: int, n_tie
     need = percentile_need(counts, percentile)
     order = sorted(range(n_experts), key=lambda e: (-need[e], e))
     if rule == "optimal":
-        caps = _optimal_capacities([fit(need[e]) for e in order], n_tiers)
+        caps = _optimal_capacities([fit(need[e]) for e in order], tiers)
     else:
-        sizes, caps, start = _buckets(n_experts, n_tiers, top_fraction), [], 0
+        sizes, caps, start = _buckets(n_experts, tiers, top_fraction), [], 0
         for size in sizes:
             caps.append(fit(need[order[start]]))   # the bucket's largest need
             start += size
         if multipliers is not None:
             m = [float(x) for x in multipliers]
-            if len(m) != n_tiers or any(x <= 0 for x in m):
-                raise NpuMoeError(f"multipliers must be {n_tiers} numbers > 0 (one per tier, relative to the base "
+            if len(m) != tiers or any(x <= 0 for x in m):
+                raise NpuMoeError(f"multipliers must be {tiers} numbers > 0 (one per tier, relative to the base "
                                   f"tier; a multiplier <= 0 gives capacity 0), got {list(multipliers)}")
             caps = [fit(caps[-1] * x) for x in m]
     tc = tuple(sorted(set(caps), reverse=True))

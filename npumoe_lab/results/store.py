@@ -26,11 +26,18 @@ PROVENANCE_COLUMNS = ("platform_profile", "platform_hash", "model_fingerprint", 
                       "versions", "host", "created")
 # Stable dtypes whatever the writer produced (a column that is all-None in one file stays comparable).
 STR_COLUMNS = ("model", "workload", "variant", "platform", "score_name", "timing_source", "workload_kind",
-               "energy_source", "cycles_source", *PROVENANCE_COLUMNS[:-1])
-INT_COLUMNS = ("prompt_len", "chunk", "repeat", "group_size", "n_tiers", "cpu_threads")
+               "energy_source", "cycles_source", "cycles_definition", *PROVENANCE_COLUMNS[:-1])
+INT_COLUMNS = ("prompt_len", "chunk", "repeat", "group_size", "n_tiers", "cpu_threads", "schema_version")
 FLOAT_COLUMNS = (*TIME_COLUMNS, "cpu_core_s", "n_npu_calls", "drop_rate", "pad_rate", "score", "nll", "top1_agree", "kl",
                  "accuracy_delta", "accuracy_ci_low", "accuracy_ci_high", "hot_threshold")
 KIND_KEY = b"npumoe_lab.kind"
+KNOB_COLUMNS = {"tiers": "n_tiers"}     # plan knobs stored under another column name (the figures' fixed names)
+
+
+def knob_columns(knobs: dict) -> dict:
+    """The result-row columns of swept plan knobs: each under its own name, `tiers` as the `n_tiers` column."""
+    return {KNOB_COLUMNS.get(k, k): v for k, v in knobs.items()}
+
 
 
 def write_rows(rows, out_dir, name: str | None = None) -> Path:

@@ -17,8 +17,8 @@ from scipy import sparse
 
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.ops import OP_KINDS
-from npumoe_lab.execution.timeline import MODELED, Event, schedule
-from npumoe_lab.sim.pricing import INTERVAL, parameter_draws, platform_params, price_stream
+from npumoe_lab.execution.timeline import CYCLES_DEFINITION, MODELED, ROW_SCHEMA_VERSION, Event, schedule
+from npumoe_lab.sim.pricing import INTERVAL, array_priced, parameter_draws, platform_params, price_stream
 from npumoe_lab.sim.stream import BRANCH, CPU, JOIN, KIND, NPU, stream_from_ops
 
 INTERVAL_METRICS = ("ttft_s", "energy_per_token_mj", "cpu_cycles")
@@ -131,6 +131,7 @@ def summarize_stream(stream, platform, draws: dict | None = None) -> dict:
         "platform_profile": platform.name, "platform_hash": platform.hash,
         "timing_source_npu": MODELED if (roles == NPU).any() else "none",
         "timing_source_cpu": MODELED if (roles == CPU).any() else "none",
+        "schema_version": ROW_SCHEMA_VERSION, "cycles_definition": CYCLES_DEFINITION,
         "drop_rate": stream.drop_rate, "pad_rate": stream.pad_rate,
     }
     if draws is not None:
@@ -150,6 +151,8 @@ def interval_columns(metrics: dict) -> dict:
 def ops_draw_metrics(ops, platform, n_tokens: int, draws: dict | None) -> dict | None:
     """stream_metrics of a recorded prefill's ops (a modeled run) under the draws; None without draws or ops in the
     engine's dependency pattern."""
+    if not array_priced(platform):
+        return None
     stream = stream_from_ops(ops, n_tokens) if draws is not None and ops else None
     return None if stream is None else stream_metrics(stream, draws, platform.npu_shares_cpu)
 

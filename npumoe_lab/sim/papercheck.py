@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from npumoe_lab.devices import get_platform
+from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.results.store import write_rows
 from npumoe_lab.sim.array_replay import INTERVAL_METRICS, expert_ffn_and_scatter_s
 from npumoe_lab.sim.pricing import INTERVAL, parameter_draws, price_stream
@@ -103,28 +105,45 @@ def _intervals(df: pd.DataFrame, metrics: list, breakdown: dict, table: pd.DataF
                         p_within_25pct=table.quantity.map(within), interval_draws=D)
 
 
+def fitted_platforms(grid_platforms: str, fitted_dir) -> dict:
+    """{sourced name: fitted platform YAML} for the grid's platforms that have a `<name>-fit.yaml` in fitted_dir."""
+    folder = Path(fitted_dir)
+    if not folder.is_dir():
+        raise NpuMoeError(f"--fitted {fitted_dir}: not a folder; pass the --out folder of fit-device (e.g. data/fits)")
+    found = {n: str(folder / f"{n}-fit.yaml") for n in grid_platforms.split(",") if (folder / f"{n}-fit.yaml").is_file()}
+    if not found:
+        raise NpuMoeError(f"--fitted {fitted_dir}: no <platform>-fit.yaml for any of {grid_platforms}")
+    return found
+
+
 def paper_check(routing: str = "synthetic:gini=0.6", seed: int = 0, sensitivity: bool = True, grid: dict = GRID,
-                draws: int = 100):
+                platform_map: dict | None = None, draws: int = 100):
     """(table, sensitivity rows of the point setting, simulated grid rows): one table row per predictable paper
-    number. `grid`: the simulated grid (default the paper's; tests pass a smaller one). `draws`: parameter draws
-    (the platforms' posterior, else the sourced prior) for each quantity's 90 % interval (0: none)."""
+    number. `grid`: the simulated grid (default the paper's; tests pass a smaller one). `platform_map`: {grid
+    platform name: platform spec to simulate instead} (e.g. its fit, fitted_platforms); rows keep the grid name.
+    `draws`: parameter draws (the platforms' posterior, else the sourced prior) for each quantity's 90 % interval
+    (0: none)."""
     rows, breakdown, metrics, bdraws, drawn = [], {}, [], {}, {}
-    for row, res in iter_simulation(grid["geometry"], routing, grid["platforms"], "all", grid["prompt_len"],
+    platform_map = platform_map or {}
+    specs = [platform_map.get(n, n) for n in grid["platforms"].split(",")]
+    back = {get_platform(s).name: n for n, s in zip(grid["platforms"].split(","), specs)}
+    for row, res in iter_simulation(grid["geometry"], routing, ",".join(specs), "all", grid["prompt_len"],
                                     grid["chunk"], seed=seed, draws=draws):
+        row = {**row, "platform": back.get(row["platform"], row["platform"]), "platform_spec": row["platform"]}
         rows.append(row)
-        metrics.append(res.draws)
+        metrics.append(getattr(res, "draws", None))     # None on the per-op engine (a graph-level NPU)
         if (row["model"], row["platform"], row["prompt_len"], row["chunk"]) == \
                 ("phi-3.5-moe", POINT["platform"], POINT["prompt_len"], POINT["chunk"]) and \
                 row["variant"] in ("naive-npu", "npumoe"):
             breakdown[row["variant"]] = _ffn_and_scatter_ms(res)
-            if draws:
+            if draws and hasattr(res, "stream"):
                 if row["platform"] not in drawn:
                     drawn[row["platform"]] = parameter_draws(res.platform, draws, seed)
                 bdraws[row["variant"]] = _breakdown_draws(res, drawn[row["platform"]])
     df = pd.DataFrame(rows)
     table = pd.DataFrame([dict(quantity=k, paper=p, modeled=m, ratio=m / p if p else math.nan, timing_source="modeled")
                           for k, (p, m) in quantities(df, breakdown).items()])
-    if draws:
+    if draws and metrics and all(m is not None for m in metrics):
         table = _intervals(df, metrics, bdraws, table)
     sens = pd.DataFrame()
     if sensitivity:
@@ -170,6 +189,24 @@ def _with_sensitivity(table: pd.DataFrame, routing: str, seed: int, geometry: st
     return table.assign(most_sensitive_to=table.quantity.map(top).fillna("-")), sens
 
 
+def side_by_side(sourced: pd.DataFrame, fitted: pd.DataFrame, fits: dict) -> str:
+    """The paper's numbers beside the sourced and the fitted platforms' (every value modeled)."""
+    t = sourced.merge(fitted[["quantity", "modeled", "ratio"]], on="quantity", suffixes=("", "_fitted"))
+    lines = ["", f"## Sourced and fitted platforms side by side (fits: {', '.join(fits.values())})", "",
+             "| quantity | paper | sourced | sourced / paper | fitted | fitted / paper |", "|---|---:|---:|---:|---:|---:|"]
+    for r in t.itertuples():
+        lines.append(f"| {r.quantity} | {r.paper:.4g} | {r.modeled:.4g} | {r.ratio:.2f} | {r.modeled_fitted:.4g} | "
+                     f"{r.ratio_fitted:.2f} |")
+
+    def within(x):
+        return int(((x >= 0.8) & (x <= 1.25)).sum())
+    lines += ["", f"Within 0.8-1.25x of the paper: sourced {within(t.ratio)}, fitted {within(t.ratio_fitted)} of "
+              f"{len(t)}; off by more than 2x: sourced {int(((t.ratio < 0.5) | (t.ratio > 2)).sum())}, fitted "
+              f"{int(((t.ratio_fitted < 0.5) | (t.ratio_fitted > 2)).sum())}. The fits use micro-benchmark rows only "
+              "(never a paper number)."]
+    return "\n".join(lines) + "\n"
+
+
 def markdown(table: pd.DataFrame, sens: pd.DataFrame, routing: str) -> str:
     lines = [f"# The device model against the paper (every modeled value from the unfitted platforms; routing "
              f"`{routing}`)", "", __doc__.split("\n\n", 1)[1].strip(), "",
@@ -202,6 +239,8 @@ def register_cli(sub) -> None:
     p.add_argument("--draws", type=int, default=100,
                    help="parameter draws for each quantity's 90%% interval (the platform's posterior, else a prior "
                         "from its sourced alternatives; 0: none)")
+    p.add_argument("--fitted", default=None, help="a folder of fit-device outputs (<platform>-fit.yaml, e.g. "
+                                                  "data/fits): the check is rerun on them, side by side")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cli)
 
@@ -209,10 +248,16 @@ def register_cli(sub) -> None:
 def _cli(a: argparse.Namespace) -> int:
     from npumoe_lab.sim.figures import paper_check_figure      # matplotlib only when drawing
     t0 = time.perf_counter()
+    fits = fitted_platforms(GRID["platforms"], a.fitted) if a.fitted else {}
     table, sens, df = paper_check(a.routing, a.seed, not a.no_sensitivity, draws=a.draws)
     out = Path(a.out)
     write_rows(df, out / "grid")
     text = markdown(table, sens, a.routing)
+    if fits:
+        ftable, _, fdf = paper_check(a.routing, a.seed, False, platform_map=fits)
+        write_rows(fdf, out / "grid-fitted")
+        ftable.to_csv(out / "paper_check_fitted.csv", index=False)
+        text += side_by_side(table, ftable, fits)
     out.mkdir(parents=True, exist_ok=True)
     (out / "PAPERCHECK.md").write_text(text)
     table.to_csv(out / "paper_check.csv", index=False)

@@ -139,6 +139,13 @@ def roofline(params: dict, role: int, flops, nbytes, calls, gemm_m, gemm_n, gemm
 STRUCTURES = {"roofline": roofline}
 
 
+def array_priced(platform) -> bool:
+    """Whether `price_stream`'s roofline is this platform's cost model (DeviceModel.estimate): not for an NPU on the
+    graph-level structure (devices/graph_cost.py; devices/price.py prices that one on arrays - to plug in here as
+    another STRUCTURES entry). Simulations on such a platform take the per-op engine, without an interval."""
+    return not any(getattr(platform.device(r), "graph_model", False) for r in ("npu", "cpu"))
+
+
 def price_stream(params: dict, stream, structure: str = "roofline") -> np.ndarray:
     """Modeled seconds (D, N) of every op of `stream` (an OpStream, or a dict of its columns) under each of the D
     draws in `params` (scalars: D = 1)."""
@@ -156,5 +163,5 @@ def price_stream(params: dict, stream, structure: str = "roofline") -> np.ndarra
     return out
 
 
-__all__ = ["platform_params", "parameter_draws", "draws_source", "price_stream", "roofline", "STRUCTURES",
-           "INTERVAL"]
+__all__ = ["array_priced", "platform_params", "parameter_draws", "draws_source", "price_stream", "roofline",
+           "STRUCTURES", "INTERVAL"]

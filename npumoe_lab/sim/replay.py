@@ -15,7 +15,7 @@ import torch
 from npumoe_lab.execution.engine import PlanExecutor, dynamic_experts_cost
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.geometry import ModelGeometry
-from npumoe_lab.execution.ops import ChunkContext, Op
+from npumoe_lab.execution.ops import Op
 from npumoe_lab.execution.runtime import PrefillConfig, PrefillResult, finish
 
 
@@ -35,9 +35,7 @@ def replay_prefill(geometry: ModelGeometry, executor: PlanExecutor | None, confi
     clock, role, moe = config.clock(), config.attention, geometry.moe_layers
     for c in range(n_chunks):
         s = c * config.chunk
-        ctx = ChunkContext(index=c, past=s, n_real=min(config.chunk, prompt_len - s), length=config.chunk,
-                           clock=clock, numerics=False, dtype_bytes=config.dtype_bytes,
-                           npu_weight_bytes=config.npu_weight_bytes)
+        ctx = config.chunk_context(c, min(config.chunk, prompt_len - s), clock, numerics=False)
         for layer in range(geometry.n_layers):
             clock.record(geometry.attention_op(layer, ctx, role), 0.0)
             spec = moe.get(layer)

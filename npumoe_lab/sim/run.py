@@ -23,20 +23,20 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from npumoe_lab.devices import Platform, get_platform
-from npumoe_lab.results.store import write_rows, write_timeline
+from npumoe_lab.devices import as_platform
+from npumoe_lab.results.store import knob_columns, write_rows, write_timeline
 from npumoe_lab.execution.engine import PlanExecutor
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.planning.knobs import PlanKnobs, add_knob_arguments, knobs_from_args
 from npumoe_lab.planning.layout import ExecutionLayout
 from npumoe_lab.planning.plan import variant_plan
-from npumoe_lab.execution.runtime import PrefillConfig, check_context
+from npumoe_lab.execution.runtime import PrefillConfig, check_chunk, check_context
 from npumoe_lab.execution.timeline import to_frame
 from npumoe_lab.utils import progress, provenance
 from npumoe_lab.planning.variants import parse_variants
 from npumoe_lab.sim.geometries import list_geometries, load_geometry
 from npumoe_lab.sim.array_replay import interval_columns, stream_metrics, summarize_stream
-from npumoe_lab.sim.pricing import draws_source, parameter_draws
+from npumoe_lab.sim.pricing import array_priced, draws_source, parameter_draws
 from npumoe_lab.sim.replay import replay_prefill
 from npumoe_lab.sim.stream import build_stream, routing_counts
 from npumoe_lab.sim.report import ratios
@@ -71,10 +71,10 @@ def variant_executor(variant, specs, profile, platform, knobs: dict, memo: dict 
         return None, None
     if variant.experts == "dynamic":
         return PlanExecutor(_dropless(tuple(specs)), [], cold="dynamic"), None
-    given = {k: v for k, v in knobs.items() if v is not None}
+    given = PlanKnobs.given(knobs)
     key = (id(profile), id(platform), tuple(sorted({**given, **variant.plan_overrides}.items(), key=str)))
     if memo is None or key not in memo:
-        plan = variant_plan(profile, variant.name, specs, platform=platform, **given)
+        plan = variant_plan(profile, variant.name, specs, platform, given)
         built = (plan, plan.compile())
         if memo is not None:
             memo[key] = built
@@ -118,7 +118,7 @@ def _row(name, src, v, plat, plan, t, c, weights, summary, prov, knobs) -> dict:
                 chunk=c, repeat=0, n_samples=1, geometry=name, routing_source=src.label, routing_gini=src.gini(),
                 numerics_source="none", weights=weights, plan_hash=getattr(plan, "hash", None),
                 platform_kind=plat.kind, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **summary, **prov,
-                **{("n_tiers" if k == "tiers" else k): val for k, val in knobs.items()})
+                **knob_columns(knobs))
 
 
 def _priced(stream, platform, draws) -> StreamResult:
@@ -164,7 +164,7 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
     if weights not in WEIGHT_FORMATS:
         raise NpuMoeError(f"--weights {weights!r}: use one of {', '.join(WEIGHT_FORMATS)}")
     geos = [load_geometry(g) for g in _list(geometry)]
-    plats = [p if isinstance(p, Platform) else get_platform(p, **WEIGHT_FORMATS[weights]) for p in
+    plats = [as_platform(p, **WEIGHT_FORMATS[weights]) for p in
              (platforms if isinstance(platforms, (list, tuple)) else _list(platforms))]
     for p in plats:
         if p.kind == "measured":
@@ -173,11 +173,14 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
     vlist = parse_variants(variants)
     prompts, chunks = _list(prompt_len, int), _list(chunk, int)
     for (name, _, geo), c, t in itertools.product(geos, chunks, prompts):
-        if c < 1 or t < 1:
-            raise NpuMoeError(f"chunk and prompt length must be >= 1; got chunk {c}, prompt {t}")
+        check_chunk(c)
+        if t < 1:
+            raise NpuMoeError(f"prompt length must be >= 1; got {t}")
         check_context(geo.context, c, f"--chunk {c} for geometry {name}")
         check_context(geo.context, t, f"--prompt-len {t} for geometry {name}")
     sources = {name: _routing_source(routing, tuple(geo.moe), seed) for name, _, geo in geos}   # all checked first
+    if not all(array_priced(p) for p in plats):      # a graph-level NPU: the per-op engine prices it, no interval
+        engine, draws = "ops", 0
     drawn = {id(p): parameter_draws(p, draws, seed) for p in plats} if draws else {}
     extra = lambda p: dict(interval_draws=draws, interval_source=draws_source(p)) if draws else {}   # noqa: E731
     prov = provenance()

@@ -97,15 +97,15 @@ def run_sensitivity(geometry="qwen3-30b-a3b", platform="m2-max", routing="synthe
     by_hash = {}
     for c in cs:
         by_hash.setdefault(c["platform"].hash, []).append(c)
-    rows, base_rows, base_draws = [], [], []
-    for row, res in iter_simulation(geometry, routing, [c["platform"] for c in cs], VARIANTS, prompt_len, chunk,
-                                    weights, seed, draws=draws):
-        rows.append(row)
-        if draws and row["platform_hash"] == cs[0]["platform"].hash:
-            base_rows.append(row)
-            base_draws.append(res.draws)
+    rows = [row for row, _ in iter_simulation(geometry, routing, [c["platform"] for c in cs], VARIANTS, prompt_len,
+                                              chunk, weights, seed)]
     df = pd.DataFrame(rows)
-    p_holds = holds_probability(base_rows, base_draws) if base_rows else {}
+    p_holds = {}
+    if draws:      # the baseline platform under its parameter draws (a graph-level NPU has none: no probability)
+        base = list(iter_simulation(geometry, routing, [cs[0]["platform"]], VARIANTS, prompt_len, chunk, weights,
+                                    seed, draws=draws))
+        if base and all(getattr(res, "draws", None) is not None for _, res in base):
+            p_holds = holds_probability([row for row, _ in base], [res.draws for _, res in base])
     out = []
     for h, g in df.groupby("platform_hash", sort=False):
         for c in by_hash[h]:
@@ -142,7 +142,12 @@ def register_cli(sub) -> None:
     p = sub.add_parser("sensitivity", help="rerun a simulation at every sourced alternative of the uncertain device "
                                            "parameters; list the conclusions each one flips")
     p.add_argument("--geometry", default="qwen3-30b-a3b")
-    p.add_argument("--platform", default="m2-max", help="one modeled platform")
+    p.add_argument("--platform", default="m2-max",
+                   help="modeled platform(s): names or platform YAMLs (e.g. a fit), comma list = side by side (morris)")
+    p.add_argument("--method", default="morris", choices=["morris", "oat"],
+                   help="morris: every parameter (high-confidence ones too) and the NPU cost structures moved "
+                        "globally, P(holds) per conclusion (sim/global_sensitivity.py); oat: one alternative at a time")
+    p.add_argument("--trajectories", type=int, default=4, help="Morris trajectories (points = r x (factors + 1))")
     p.add_argument("--routing", default="synthetic:gini=0.6")
     p.add_argument("--prompt-len", type=int, default=1024)
     p.add_argument("--chunk", type=int, default=512)
@@ -154,8 +159,29 @@ def register_cli(sub) -> None:
     p.set_defaults(func=_cli)
 
 
+def _cli_morris(a: argparse.Namespace) -> int:
+    from npumoe_lab.sim.global_sensitivity import report as global_report, run_global   # lazy: SALib
+    specs = [x.strip() for x in a.platform.split(",") if x.strip()]
+    parts = [run_global(spec, a.geometry, a.routing, a.prompt_len, a.chunk, a.weights, a.trajectories, seed=a.seed)
+             for spec in specs]
+    effects = pd.concat([e for e, _ in parts], ignore_index=True)
+    probs = pd.concat([p for _, p in parts], ignore_index=True)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    effects.assign(timing_source="modeled").to_csv(out / "sensitivity_effects.csv", index=False)
+    probs.assign(timing_source="modeled").to_csv(out / "sensitivity_probabilities.csv", index=False)
+    text = (f"# Global sensitivity of the modeled conclusions: {a.geometry}, prompt {a.prompt_len}, chunk {a.chunk}, "
+            f"routing {a.routing}; platforms {', '.join(specs)} (every number modeled; SALib Morris, "
+            f"{a.trajectories} trajectories)\n\n" + global_report(effects, probs) + "\n")
+    (out / "SENSITIVITY.md").write_text(text)
+    print(text + f"\nwritten to {out} (SENSITIVITY.md, sensitivity_effects.csv, sensitivity_probabilities.csv)")
+    return 0
+
+
 def _cli(a: argparse.Namespace) -> int:
     from npumoe_lab.sim.figures import tornado     # matplotlib only when drawing
+    if a.method == "morris":
+        return _cli_morris(a)
     res = run_sensitivity(a.geometry, a.platform, a.routing, a.prompt_len, a.chunk, a.weights, a.seed, a.draws)
     out = Path(a.out)
     write_rows(res.rename(columns={"geometry": "model"}).assign(workload=a.routing.split(":")[0], variant="npumoe",

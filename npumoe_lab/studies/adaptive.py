@@ -24,7 +24,7 @@ from npumoe_lab.execution.geometry import ModelGeometry
 from npumoe_lab.models import describe, load_model
 from npumoe_lab.planning.plan import build_plan
 from npumoe_lab.execution.routing import RoutingRecorder
-from npumoe_lab.execution.runtime import PrefillConfig, run_prefill
+from npumoe_lab.execution.runtime import PrefillConfig, check_chunk, run_prefill
 from npumoe_lab.sim.replay import replay_prefill
 from npumoe_lab.workloads.texts import DOMAINS
 from npumoe_lab.workloads.lm_heldout import heldout_windows
@@ -75,6 +75,7 @@ def drift_run(model, tokenizer, calib_domain: str = "scripture", run_domain: str
     for name, d in (("calib_domain", calib_domain), ("run_domain", run_domain)):
         if d not in DOMAINS:
             raise NpuMoeError(f"{name}={d!r} is not a domain; use one of {', '.join(DOMAINS)}")
+    check_chunk(chunk)
     if prompt_len % chunk:
         raise NpuMoeError(f"prompt_len={prompt_len} must be a multiple of chunk={chunk} (whole chunks only)")
     if recalibrate not in POLICIES:
@@ -88,8 +89,8 @@ def drift_run(model, tokenizer, calib_domain: str = "scripture", run_domain: str
     ids = heldout_windows(tokenizer, run_domain, prompt_len, 1)[0]
     profile = calibration_profile(model, tokenizer, calib_domain, chunk, calib_tokens, seed)
     direct_profile = calibration_profile(model, tokenizer, run_domain, chunk, calib_tokens, seed)
-    plan = build_plan(profile, model, platform=platform, **knobs)
-    direct = build_plan(direct_profile, model, platform=platform, **knobs)
+    plan = build_plan(profile, model, config.platform, knobs)
+    direct = build_plan(direct_profile, model, config.platform, knobs)
 
     def prefill(p, monitor=None):
         attach(model, p, monitor=monitor, npu_dtype=config.npu_dtype)

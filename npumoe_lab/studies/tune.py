@@ -36,7 +36,7 @@ from npumoe_lab.models import describe, load_model
 from npumoe_lab.planning.plan import build_plan
 from npumoe_lab.viz.plot_helpers import figure
 from npumoe_lab.execution.routing import RoutingRecorder
-from npumoe_lab.execution.runtime import PrefillConfig, chunked_prefill, run_prefill
+from npumoe_lab.execution.runtime import PrefillConfig, check_chunk, chunked_prefill, run_prefill
 from npumoe_lab.sim.geometries import load_geometry
 from npumoe_lab.sim.replay import replay_prefill
 from npumoe_lab.sim.routing import parse_routing
@@ -158,6 +158,7 @@ def tune(model="tiny", geometry=None, budget_drop=None, budget_ttft_ms=None, pla
                     ("n_record", n_record)):
         if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "confirm" else 1):
             raise NpuMoeError(f"{name}={v!r} must be an integer >= {0 if name == 'confirm' else 1}")
+    check_chunk(chunk)
     if prompt_len % chunk:
         raise NpuMoeError(f"prompt_len={prompt_len} must be a multiple of chunk={chunk}")
     if isinstance(profile, (str, Path)):
@@ -183,7 +184,7 @@ def tune(model="tiny", geometry=None, budget_drop=None, budget_ttft_ms=None, pla
     points = candidates(space, n_candidates, seed)
     plans, seen = [], set()
     for p in points:
-        plan = build_plan(profile, mdl if mdl is not None else specs, platform=platform, **_knobs(p, specs, chunk))
+        plan = build_plan(profile, mdl if mdl is not None else specs, config.platform, _knobs(p, specs, chunk))
         shape = json.dumps(plan.layers, sort_keys=True)    # the hash covers the knobs too: compare what runs
         if shape not in seen:                # knobs that build the same plan are scored (and shown) once
             seen.add(shape)

@@ -20,13 +20,15 @@ from dataclasses import dataclass, field, replace
 
 from npumoe_lab.planning.profile import CalibrationProfile
 from npumoe_lab.execution.engine import PlanExecutor
-from npumoe_lab.devices import get_platform
+from npumoe_lab.devices import as_platform
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.calibrate import calibration_profile
 from npumoe_lab.execution.experts import attach, detach
 from npumoe_lab.execution.geometry import ModelGeometry
 from npumoe_lab.results.metrics import logit_agreement
+from npumoe_lab.results.store import knob_columns
 from npumoe_lab.models import describe, load_model, model_fingerprint
+from npumoe_lab.planning.knobs import PlanKnobs
 from npumoe_lab.planning.plan import variant_plan
 from npumoe_lab.execution.routing import RoutingRecorder
 from npumoe_lab.execution.runtime import PrefillConfig, chunked_prefill, run_prefill
@@ -42,20 +44,29 @@ BASELINES = ("cpu-only", "anemll", "naive-npu", "npumoe-base")
 CHUNKS = (64, 128, 256, 512, 1024)
 
 
+_DEFAULT = PlanKnobs()
+
+
 @dataclass(frozen=True)
 class Knobs:
-    tiers: int = 3
-    percentile: float = 90.0
-    group_size: int = 8
+    """The explorer's sliders: a thin view of `PlanKnobs` (the plan knobs it moves, defaults and checks PlanKnobs')
+    plus where the plan is evaluated (platform, chunk) and the hot threshold in units of a balanced load."""
+    tiers: int = _DEFAULT.tiers
+    percentile: float = float(_DEFAULT.percentile)
+    group_size: int = _DEFAULT.group_size
     residency: str = "cost"          # the npumoe variant's default (the threshold rule reads hot_scale)
     hot_scale: float = 1.0           # hot threshold in units of one balanced expert's load (chunk * top_k / E)
     platform: str = "m2-max"
     chunk: int = 128
 
-    def plan_knobs(self, spec) -> dict:
+    def __post_init__(self):
+        PlanKnobs(tiers=self.tiers, percentile=self.percentile, group_size=self.group_size, residency=self.residency)
+
+    def plan_knobs(self, spec) -> PlanKnobs:
+        """The PlanKnobs of this setting (the hot threshold from hot_scale and the layer's balanced load)."""
         thr = self.hot_scale * self.chunk * spec.top_k / spec.n_experts if self.residency == "threshold" else None
-        return dict(tiers=self.tiers, percentile=self.percentile, group_size=self.group_size,
-                    residency=self.residency, hot_threshold=thr, platform=self.platform)
+        return PlanKnobs(tiers=self.tiers, percentile=self.percentile, group_size=self.group_size,
+                         residency=self.residency, hot_threshold=thr)
 
 
 class StreamResult:
@@ -138,8 +149,10 @@ class PlanLab:
 
     def _platform(self, name: str):
         """The Platform object of a name, loaded once (its plans and streams are priced on the same object)."""
+        if not isinstance(name, str):
+            return name
         if name not in self._platforms:
-            self._platforms[name] = get_platform(name)
+            self._platforms[name] = as_platform(name)
         return self._platforms[name]
 
     @property
@@ -158,16 +171,18 @@ class PlanLab:
         return [{r.layer: (r.topk_idx, r.topk_weight, r.hidden_norm) for r in call} for call in rec.by_call()]
 
     # -- one knob setting -------------------------------------------------------------------------------------
-    def plan(self, knobs: Knobs):
+    def plan(self, knobs: Knobs, platform=None):
+        """The npumoe plan of this setting (`platform`: the knobs' platform already resolved)."""
         profile, _ = self.profile_at(knobs.chunk)
-        return variant_plan(profile, "npumoe", self.specs, **knobs.plan_knobs(self.specs[0]))
+        return variant_plan(profile, "npumoe", self.specs, platform or as_platform(knobs.platform),
+                            knobs.plan_knobs(self.specs[0]))
 
     def evaluate(self, knobs: Knobs) -> Evaluation:
         t0 = time.perf_counter()
         self._check(knobs)
-        plan = self.plan(knobs)
-        res = _stream(self.geometry, PlanExecutor(plan, []), self.counts_at(knobs.chunk), self._platform(knobs.platform),
-                      "npu")
+        platform = self._platform(knobs.platform)
+        plan = self.plan(knobs, platform)
+        res = _stream(self.geometry, PlanExecutor(plan, []), self.counts_at(knobs.chunk), platform, "npu")
         profile, what = self.profile_at(knobs.chunk)
         return Evaluation(knobs, plan, profile, res, self.baselines(knobs.platform, knobs.chunk), what,
                           time.perf_counter() - t0)
@@ -177,10 +192,9 @@ class PlanLab:
         key = (platform, chunk)
         if key not in self._baselines:
             profile, _ = self.profile_at(chunk)
-            out = {}
+            plat, out = self._platform(platform), {}
             for name in (*BASELINES, "npumoe"):
                 v = get_variant(name)
-                plat = self._platform(platform)
                 executor, _ = variant_executor(v, self.specs, profile, plat, {})
                 res = _stream(self.geometry, executor, self.counts_at(chunk), plat, v.attention)
                 out["npumoe (default knobs)" if name == "npumoe" else name] = res.summary
@@ -193,9 +207,10 @@ class PlanLab:
             raise NpuMoeError("real numerics need the model's weights: explore(model) with a model, not a geometry")
         self.routing_at(knobs.chunk)                       # the dropless reference logits at this chunk
         t0 = time.perf_counter()
-        attach(self.model, self.plan(knobs))
+        platform = as_platform(knobs.platform)
+        attach(self.model, self.plan(knobs, platform))
         try:
-            res = run_prefill(self.model, self.prompt_ids, PrefillConfig(knobs.platform, knobs.chunk, "npu"))
+            res = run_prefill(self.model, self.prompt_ids, PrefillConfig(platform, knobs.chunk, "npu"))
         finally:
             detach(self.model)
         return {**res.summary, **logit_agreement(self._reference[knobs.chunk], res.logits),
@@ -285,8 +300,8 @@ def evaluation_rows(ev: Evaluation, lab: PlanLab, workload: str | None = None) -
     for r in summary_rows(ev):
         name = r.pop("configuration")
         variant = {"this plan": "npumoe", "npumoe (default knobs)": "npumoe"}.get(name, name)
-        knobs = dict(n_tiers=k.tiers, group_size=k.group_size, percentile=k.percentile, residency=k.residency,
-                     hot_scale=k.hot_scale) if name == "this plan" else {}
+        knobs = knob_columns(dict(tiers=k.tiers, group_size=k.group_size, percentile=k.percentile,
+                                  residency=k.residency, hot_scale=k.hot_scale)) if name == "this plan" else {}
         rows.append(dict(model=lab.name, workload=workload, variant=variant, platform=k.platform,
                          prompt_len=lab.prompt_len, chunk=k.chunk, repeat=0, timing_source="modeled",
                          numerics_source="none", configuration=name, plan_hash=ev.plan.hash if knobs else None,

@@ -69,13 +69,13 @@ def group_map(plan, width: float = 6.0):
         fig = Figure(figsize=(width, 0.9 + min(0.16 * len(layers), 3.6)), layout="constrained")   # 48 layers fit
         ax = fig.subplots()
         from matplotlib.colors import to_rgba
-        n_tiers = max(len(lp["tier_capacities"]) for lp in layers)
+        tiers = max(len(lp["tier_capacities"]) for lp in layers)
         bars = {True: [], False: []}            # resident -> (row, left, width, colour); one barh call per device
         for r, lp in enumerate(layers):
             x = 0.0
             for g in lp["groups"]:
                 if g["resident"]:               # larger tiers (lower index) darker
-                    w, color = len(g["experts"]) * g["capacity"], to_rgba(NPU, 1.0 - 0.55 * g["tier"] / max(n_tiers, 2))
+                    w, color = len(g["experts"]) * g["capacity"], to_rgba(NPU, 1.0 - 0.55 * g["tier"] / max(tiers, 2))
                 else:
                     w, color = g["expected_tokens"], to_rgba(CPU, 0.9)
                 bars[bool(g["resident"])].append((r, x, w, color))

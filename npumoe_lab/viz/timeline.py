@@ -13,7 +13,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from npumoe_lab.devices import get_platform
+from npumoe_lab.devices import as_platform
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.results.atomic import is_temp
 from npumoe_lab.results.store import KIND_KEY
@@ -148,8 +148,7 @@ def _draw(frame_or_events, title, platform, host, max_events, shared_queue, widt
     crit = critical_path(df, shared_queue)
     df["critical"] = False
     df.loc[crit, "critical"] = True
-    if isinstance(platform, str):
-        platform = get_platform(platform)
+    platform = as_platform(platform)
     per_call = (platform.npu.dispatch_s + platform.npu.sync_s) if platform is not None else 0.0
     modeled_npu = (df["device"] == "npu") & (df["timing_source"] == "modeled")
     df["overhead_s"] = np.where(modeled_npu, np.minimum(df["calls"] * per_call, df["duration_s"]), 0.0)
@@ -303,7 +302,7 @@ def _matching_rows(rows, info):
 def _known_platform(name):
     """The modeled platform of that name (its dispatch/sync parameters), or None (measured or unknown)."""
     try:
-        p = get_platform(name) if isinstance(name, str) else None
+        p = as_platform(name) if isinstance(name, str) else None
     except NpuMoeError:
         return None
     return p if p is not None and p.kind != "measured" else None

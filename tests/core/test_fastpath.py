@@ -10,8 +10,14 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
 from npumoe_lab.execution.engine import PlanExecutor, _bmm_weights
 from npumoe_lab.execution.experts import LayerHandle
-from npumoe_lab.planning.layout import ExecutionLayout
+from npumoe_lab.planning.layout import ExecutionLayout, GroupLayout
 from npumoe_lab.core.packing import Workspace, group_ffn, group_ffn_into, pack, plan_dispatch, scatter
+
+
+def G(gid, experts, capacity):
+    """A resident group of the plan IR (what the engine hands packing)."""
+    return GroupLayout(gid, experts, capacity, "npu")
+
 
 E, K, H, I, T = 8, 2, 32, 16, 40
 
@@ -85,7 +91,7 @@ def test_pack_into_dirty_buffer_zeroes_padding_and_scatter_ignores_nan_padding()
     idx, w = routing(5)
     from npumoe_lab.core.packing import Layout
     # expert 8 is never routed and owns rows 0-1: dropped assignments (which read row 0) meet NaN padding
-    layout = Layout.from_groups(E + 1, [((8,), 2, True, 0), ((0, 1, 2, 3), 6, True, 1), ((4, 5, 6, 7), 4, True, 2)])
+    layout = Layout.from_groups(E + 1, [G(0, (8,), 2), G(1, (0, 1, 2, 3), 6), G(2, (4, 5, 6, 7), 4)])
     d, _ = plan_dispatch(idx, w, layout)
     assert d.n_dropped > 0 and d.n_padded > 0
     x = torch.randn(T, H)
@@ -148,7 +154,7 @@ def _hf_order_reference(rows, dispatch):
 def test_bf16_scatter_bit_identical_to_hf_order_reference(wdtype):
     from npumoe_lab.core.packing import Layout
     idx, w = routing(7, dtype=wdtype)
-    layout = Layout.from_groups(E, [((0, 1, 2, 3), 9, True, 0), ((4, 5, 6, 7), 5, True, 1)])
+    layout = Layout.from_groups(E, [G(0, (0, 1, 2, 3), 9), G(1, (4, 5, 6, 7), 5)])
     d, _ = plan_dispatch(idx, w, layout)
     assert d.n_dropped > 0
     out = (torch.randn(layout.total_rows, H) * 3).bfloat16()

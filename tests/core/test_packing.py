@@ -6,6 +6,12 @@ from hypothesis import strategies as st
 
 from npumoe_lab.models.weights import ExpertWeights
 from npumoe_lab.core.packing import Layout, pack, plan_dispatch, run_groups, scatter
+from npumoe_lab.planning.layout import GroupLayout
+
+
+def G(gid, experts, capacity):
+    """A resident group of the plan IR (what the engine hands packing)."""
+    return GroupLayout(gid, experts, capacity, "npu")
 
 
 
@@ -65,7 +71,7 @@ def layout_for(cap, group_size=2):
         by_cap.setdefault(int(cap[e]), []).append(e)
     for c, experts in by_cap.items():
         for i in range(0, len(experts), group_size):
-            groups.append((tuple(experts[i:i + group_size]), c, True, gid))
+            groups.append(G(gid, tuple(experts[i:i + group_size]), c))
             gid += 1
     return Layout.from_groups(E, groups)
 
@@ -159,7 +165,7 @@ def test_same_inputs_same_result(case):
 def test_inactive_assignments_take_no_capacity():
     idx = torch.tensor([[0], [0], [0]])
     w = torch.ones(3, 1)
-    layout = Layout.from_groups(1, [((0,), 2, True, 0)])
+    layout = Layout.from_groups(1, [G(0, (0,), 2)])
     active = torch.tensor([[False], [True], [True]])
     d, _ = plan_dispatch(idx, w, layout, active=active)
     assert d.slot.tolist() == [-1, 0, 1] and d.weight.tolist() == [0.0, 1.0, 1.0]
@@ -169,7 +175,7 @@ def test_renormalize_rescales_kept_weights_hand_case():
     # token 0 routes to experts 0 (w .6) and 1 (w .4); expert 1 has capacity 1 and token 1 outranks it
     idx = torch.tensor([[0, 1], [1, 0]])
     w = torch.tensor([[0.6, 0.4], [0.9, 0.1]])
-    layout = Layout.from_groups(2, [((0,), 2, True, 0), ((1,), 1, True, 1)])
+    layout = Layout.from_groups(2, [G(0, (0,), 2), G(1, (1,), 1)])
     d, _ = plan_dispatch(idx, w, layout, scores=w, renormalize=True)
     assert d.slot.view(2, 2)[0, 1] == -1                  # (t0, e1) dropped: lower weight than (t1, e1)
     torch.testing.assert_close(d.weight.view(2, 2)[0], torch.tensor([1.0, 0.0]))

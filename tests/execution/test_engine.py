@@ -6,7 +6,7 @@ import npumoe_lab as nl
 from npumoe_lab.execution.engine import PlanExecutor
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.models import describe
-from npumoe_lab.execution.runtime import chunked_prefill
+from npumoe_lab.execution.runtime import PrefillConfig, chunked_prefill
 from npumoe_lab.planning.layout import ExecutionLayout
 from tests.model_zoo import tiny_model
 
@@ -54,8 +54,8 @@ def test_padding_never_changes_real_tokens(model):
     capacity and cannot outrank real tokens)."""
     ids = torch.randint(3, 128, (1, 37), generator=torch.Generator().manual_seed(2))
     nl.attach(model, make_plan(describe(model), capacity=3))
-    a = chunked_prefill(model, ids, 16, pad_token_id=0)
-    b = chunked_prefill(model, ids, 16, pad_token_id=77)
+    a = chunked_prefill(model, ids, PrefillConfig.untimed(16, pad_token_id=0))
+    b = chunked_prefill(model, ids, PrefillConfig.untimed(16, pad_token_id=77))
     nl.detach(model)
     assert a.logits.shape[1] == 37
     assert torch.equal(a.logits, b.logits)
@@ -70,7 +70,7 @@ def test_small_capacity_drops_and_spill_recovers(model):
     from npumoe_lab.devices import get_platform
     nl.attach(model, make_plan(specs, capacity=4))
     clock = TimelineClock(get_platform("m2-max"), measured=False)
-    dropped = chunked_prefill(model, ids, 32, clock, attention_role="npu")
+    dropped = chunked_prefill(model, ids, PrefillConfig(get_platform("m2-max"), 32, attention="npu"), clock)
     n_drop = sum(s.dropped for _, _, s in clock.stats)
     n_routed = sum(s.routed for _, _, s in clock.stats)
     assert n_routed == 64 * 2 * len(specs) and n_drop > 0

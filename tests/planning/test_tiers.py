@@ -58,7 +58,7 @@ def test_worked_example_paper_rule():
     # buckets by popularity: top quartile {e0,e1} | {e2,e3,e4} | {e5,e6,e7}
     # tier capacities = bucket max need aligned to 8, >= 8: align(40)=40, align(17)=24, align(6)=8
     # each expert takes the SMALLEST covering tier: e1 (30) -> 40, e4 (8) -> 8 (not its bucket's 24)
-    a = assign_tiers(worked_counts(), chunk=64, top_k=2, n_experts=8, n_tiers=3, percentile=90, align=8)
+    a = assign_tiers(worked_counts(), chunk=64, top_k=2, n_experts=8, tiers=3, percentile=90, align=8)
     assert a.need.tolist() == NEEDS
     assert a.tier_capacities == (40, 24, 8)
     assert a.capacity.tolist() == [40, 40, 24, 24, 8, 8, 8, 8]
@@ -74,7 +74,7 @@ def test_worked_example_multipliers_and_uniform():
     u = assign_tiers(worked_counts(), 64, 2, 8, rule="uniform")
     assert u.capacity.tolist() == [32] * 8 and u.tier_capacities == (32,)
     # one tier = the aligned largest need for everyone
-    one = assign_tiers(worked_counts(), 64, 2, 8, n_tiers=1)
+    one = assign_tiers(worked_counts(), 64, 2, 8, tiers=1)
     assert one.capacity.tolist() == [40] * 8
     # naive: largest observed count per expert, aligned: 45, 35, 22, 17, 13, 11, 8, 6 -> 48 40 24 24 16 16 8 8
     m = assign_tiers(worked_counts(), 64, 2, 8, rule="max_observed")
@@ -108,7 +108,7 @@ def test_optimal_rule_matches_brute_force(seed):
     rng = np.random.default_rng(seed)
     counts = rng.integers(0, 60, size=(10, 11))
     for n_tiers in (1, 2, 3):
-        a = assign_tiers(counts, 64, 2, 10, n_tiers=n_tiers, rule="optimal")
+        a = assign_tiers(counts, 64, 2, 10, tiers=n_tiers, rule="optimal")
         assert int(a.capacity.sum()) == brute_force_total(a.need, n_tiers)
         assert (a.capacity >= a.need).all()
 
@@ -116,7 +116,7 @@ def test_optimal_rule_matches_brute_force(seed):
 @pytest.mark.parametrize("rule", ["tiered", "optimal"])
 def test_tiers_pad_less_than_uniform_at_same_drop_rate(rule):
     counts = skewed_counts()
-    tiered = assign_tiers(counts, SKEW_CHUNK, SKEW_TOP_K, SKEW_E, n_tiers=3, percentile=90, align=8, rule=rule)
+    tiered = assign_tiers(counts, SKEW_CHUNK, SKEW_TOP_K, SKEW_E, tiers=3, percentile=90, align=8, rule=rule)
     t_drop, t_pad = expected_drop_rate(tiered, counts), expected_padding(tiered, counts)
     # the smallest uniform capacity whose drop rate is no worse than the tiered plan's
     uni_cap = next(c for c in range(1, SKEW_CHUNK + 1) if expected_drop_rate([c] * SKEW_E, counts) <= t_drop)

@@ -41,7 +41,7 @@ def test_geometry_evaluation_equals_simulate(geo_lab, knobs, sim_knobs):
 
 def test_hot_threshold_is_in_balanced_load_units(geo_lab):
     spec = geo_lab.specs[0]
-    assert Knobs(chunk=256, residency="threshold", hot_scale=2.0).plan_knobs(spec)["hot_threshold"] == 2.0 * 256 * spec.top_k / spec.n_experts
+    assert Knobs(chunk=256, residency="threshold", hot_scale=2.0).plan_knobs(spec).hot_threshold == 2.0 * 256 * spec.top_k / spec.n_experts
     everything = geo_lab.evaluate(Knobs(chunk=256, residency="threshold", hot_scale=0.0)).plan
     nothing = geo_lab.evaluate(Knobs(chunk=256, residency="threshold", hot_scale=1000.0)).plan
     assert all(g["resident"] for lp in everything.layers for g in lp["groups"])

@@ -1,0 +1,297 @@
+"""`npumoe-lab measure --device cpu|onnxruntime|coreml --out DIR`: a bucket grid of op-level micro-benchmarks on
+this machine, written as measurement rows (docs/MEASUREMENTS.md schema, role `fit`) that `fit-device` fits.
+
+Every row is ONE op as the engine runs it (never a whole forward's total, which is what validation compares):
+- expert groups: the [G x C, H] static group GEMM chains over capacities, each called exactly as the engine's
+  PlanExecutor calls it (`_group_call`: pre-packed oneDNN experts or one bmm per group, every static slot computed;
+  through ONNX Runtime or Core ML when the device says so);
+- attention at several contexts, the router, dispatch / pack / scatter (gather-scatter), the dynamic (cold) and HF
+  experts at their actual loads, and each chunk's rest (embedding, norms, LM head: a call floor), each taken from
+  the engine's own clock (execution/clock.py) in short prefills of a ONE-layer model of the geometry (two layers for
+  the tiny one, so the per-layer and per-chunk floors separate).
+Geometries: the bundled tiny model and Qwen3-30B-A3B (random weights). Each timing is the median over `repeats`
+interleaved repeats; the host load over the timed calls is recorded (devices/hostload.py) and rows taken on a busy
+host are flagged `host_busy` (fit-device and validate-device skip and count them).
+"""
+from __future__ import annotations
+
+import json
+import platform as _platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+from npumoe_lab.core.cpu_features import dtype_name, resolve_dtype, row_fields
+from npumoe_lab.devices import get_platform
+from npumoe_lab.devices.cost import expert_ffn_cost
+from npumoe_lab.devices.cpu_model import from_op
+from npumoe_lab.devices.hostload import HostLoad
+from npumoe_lab.devices.hostprofile import host_key
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.execution.experts import attach, detach
+from npumoe_lab.execution.ops import Op
+from npumoe_lab.execution.runtime import PrefillConfig, run_prefill
+from npumoe_lab.experiments.geometry_model import random_ids, random_model
+from npumoe_lab.models import describe
+from npumoe_lab.planning.layout import ExecutionLayout
+from npumoe_lab.results.atomic import atomic_open
+from npumoe_lab.utils import host_description, progress, sha256_json, with_torch_threads
+
+DEVICES = ("cpu", "onnxruntime", "coreml")
+PATHS = {"cpu": "torch", "onnxruntime": "onnxruntime", "coreml": "coreml"}
+GEOMETRIES = ("tiny", "qwen3-30b-a3b")
+# engine op kind -> measurement kind of the schema
+SCHEMA_KIND = {"attention": "attention", "router": "router", "dispatch": "gather_scatter", "pack": "gather_scatter",
+               "scatter": "gather_scatter", "expert_group": "gemm", "experts_dynamic": "gemm", "experts_hf": "gemm",
+               "shared_experts": "gemm", "other": "call_floor"}
+MEASUREMENTS_FILE = "measurements.yaml"
+MODES = ("hf", "dynamic", "static", "mixed")      # experts paths of the prefill grid (_set_mode)
+
+
+def grid(geometry: str, quick: bool = False) -> dict:
+    """The bucket grid of one geometry: prefills (mode, layers, chunk, prompt) and group layouts (capacity, sizes)."""
+    if geometry == "tiny":
+        chunks, prompt = ((64, 256) if quick else (64, 128, 256)), (256 if quick else 512)
+        caps, sizes = ((1, 16, 64) if quick else (1, 4, 16, 64, 256)), (1, 4, 16)
+        prefills = [(m, 1, c, prompt) for m in MODES for c in chunks] + [("dynamic", 2, c, prompt) for c in chunks]
+    else:
+        chunks, prompt = ((256,) if quick else (128, 512)), (512 if quick else 1024)
+        caps, sizes = ((8, 64) if quick else (8, 32, 128, 512)), ((1, 8) if quick else (1, 8, 32))
+        prefills = [(m, 1, c, prompt) for m in MODES for c in chunks]
+    return {"prefills": prefills, "capacities": caps, "group_sizes": sizes}
+
+
+def host_chip() -> str:
+    """`host-<key>`: this CPU model, core count and torch build (hostprofile.host_key), hashed."""
+    return f"host-{sha256_json(host_key())[:12]}"
+
+
+def _median_iqr(ts) -> tuple[float, float]:
+    q = np.percentile(np.asarray(ts, float), [25, 50, 75])
+    return float(q[1]), float(q[2] - q[0])
+
+
+def _row(rid, op, times, load, device, geometry, dtype_name, extra_work=None, note=""):
+    """One schema row from an ops.Op and its repeat timings."""
+    med, iqr = _median_iqr(times)
+    host = load.columns(times)
+    rec = from_op(op)
+    work = {"op": op.kind, "geometry": geometry, "weight_format": dtype_name, "calls": rec["calls"],
+            "cost": {"flops": rec["flops"], "bytes": rec["bytes"], "calls": rec["calls"],
+                     "gemm": None if rec["gemm"] is None else list(rec["gemm"]), "shape": list(rec["shape"])},
+            **(extra_work or {})}
+    return {"id": rid, "chip": host_chip(), "device": "npu" if device == "coreml" else "cpu",
+            "path": PATHS[device], "kind": SCHEMA_KIND[op.kind], "work": work, "measured_s": med,
+            "iqr_s": iqr, "repeats": len(times),
+            "source": {"ref": f"npumoe-lab measure --device {device} on this host ({host_description()})",
+                       "read": "median wall time over interleaved repeats, timed by the engine's clock"},
+            "confidence": "L" if host["host_busy"] else "H", "role": "fit",
+            "host_busy": bool(host["host_busy"]), "host_busy_reason": host["host_busy_reason"],
+            "host_other_cores": float(host["host_other_cores"]), "note": note}
+
+
+# -- the op grid ------------------------------------------------------------------------------------------------
+def _static_layout(specs, chunk: int, resident_share: float = 1.0, load_factor: float = 2.0):
+    """Groups of 8 experts at `load_factor` x the mean load (what a plan of this chunk looks like); the first
+    `resident_share` of the experts resident, the rest cold (one per group: the dynamic CPU path)."""
+    groups = {}
+    for s in specs:
+        cap = max(8, int(load_factor * chunk * s.top_k / s.n_experts + 7) // 8 * 8)
+        n_res = int(round(resident_share * s.n_experts))
+        groups[s.layer] = [(tuple(range(i, min(i + 8, n_res))), cap, True) for i in range(0, n_res, 8)] + \
+                          [((e,), 1, False) for e in range(n_res, s.n_experts)]
+    return ExecutionLayout.build(specs, groups)
+
+
+def _set_mode(model, mode, specs, chunk, npu_backend):
+    """hf: HF's eager experts; dynamic: every expert cold (dropless); static: every expert resident; mixed: half
+    resident at the mean load with overflow spilled to the CPU, half cold (cold, spill and scatter with parts)."""
+    detach(model)
+    if mode == "hf":
+        model.set_experts_implementation("eager")
+    elif mode == "dynamic":
+        attach(model, ExecutionLayout.dropless(specs), cold="dynamic")
+    elif mode == "mixed":
+        attach(model, _static_layout(specs, chunk, 0.5, 1.0), npu_backend=npu_backend, spill=True)
+    else:
+        attach(model, _static_layout(specs, chunk), npu_backend=npu_backend)
+
+
+def prefill_rows(model, geometry, mode, n_layers, chunk, prompt, repeats, device, npu_backend, dtype_name, seed=0):
+    """Rows of every op of short prefills of `model` (one row per event, median over repeats)."""
+    specs = describe(model)
+    _set_mode(model, mode, specs, chunk, npu_backend)
+    ids = random_ids(model.config.vocab_size, prompt, seed)
+    config = PrefillConfig(get_platform("cpu"), chunk, attention="cpu")
+    run_prefill(model, ids[:, :chunk], config, measure_hf_experts=mode == "hf")        # untimed warm-up
+    load, runs = HostLoad(), []
+    for _ in range(repeats):
+        with load.measuring():
+            res = run_prefill(model, ids, config, measure_hf_experts=mode == "hf")
+        runs.append(res.ops)
+    if len({len(r) for r in runs}) != 1:
+        raise NpuMoeError(f"{geometry} {mode} prefill recorded a different number of ops per repeat; rerun measure")
+    rows = []
+    for i, (op, _, _) in enumerate(runs[0]):
+        times = [r[i][2] for r in runs]
+        rid = f"{geometry}-L{n_layers}-{mode}-c{chunk}-p{prompt}-k{op.chunk}-l{op.layer}-{op.name}"
+        rows.append(_row(rid, op, times, load, device, geometry, dtype_name,
+                         {"rows": chunk, "context": op.chunk * chunk, "layers": n_layers},
+                         note=f"one {op.kind} op of a {n_layers}-layer {mode} prefill ({prompt} tokens in chunks "
+                              f"of {chunk}), engine clock"))
+    return rows
+
+
+@torch.inference_mode()
+def group_rows(model, geometry, capacity, sizes, repeats, device, npu_backend, dtype_name):
+    """Rows of static expert groups of `sizes` experts at `capacity`, each called as the engine calls it."""
+    spec = describe(model)[0]
+    sizes = [g for g in sizes if g <= spec.n_experts]
+    groups, e = [], 0
+    for g in sizes:
+        if e + g > spec.n_experts:
+            break
+        groups.append((tuple(range(e, e + g)), capacity, True))
+        e += g
+    n_timed = len(groups)
+    groups += [((x,), 1, False) for x in range(e, spec.n_experts)]      # the rest cold: not called here
+    specs = describe(model)
+    layout = ExecutionLayout.build(specs, {s.layer: groups if s.layer == spec.layer else
+                                           [((x,), 1, False) for x in range(s.n_experts)] for s in specs})
+    detach(model)
+    attach(model, layout, npu_backend=npu_backend)
+    ex = model._npumoe.executor
+    handle = next(h for h in ex.handles if h.layer == spec.layer)
+    lay, _, gweights = ex._compiled(handle)
+    H, dtype = spec.hidden, next(model.parameters()).dtype
+    g = torch.Generator().manual_seed(capacity)
+    packed = torch.randn(lay.total_rows, H, generator=g).to(dtype)
+    out = torch.empty_like(packed)
+    timed = [(j, gs) for j, gs in enumerate(lay.groups) if gs.resident][:n_timed]
+    calls = [ex._group_call(handle, gs, gweights[j], packed, out, None) for j, gs in timed]
+    for fn, args in calls:       # warm-up (first calls pay kernel selection, allocation)
+        fn(*args)
+    load, times = HostLoad(), [[] for _ in calls]
+    for r in range(repeats):
+        order = list(range(len(calls)))
+        order = order[r % len(order):] + order[:r % len(order)]     # interleaved: noise hits every size alike
+        for j in order:
+            fn, args = calls[j]
+            with load.measuring():
+                t0 = time.perf_counter()
+                fn(*args)
+                times[j].append(time.perf_counter() - t0)
+    rows = []
+    for j, (_, gs) in enumerate(timed):
+        G, C, I = len(gs.experts), gs.capacity, spec.intermediate
+        cost = expert_ffn_cost(G, C, H, I, dtype_bytes=2, weight_bytes=2)
+        op = Op(f"group{gs.id}", "expert_group", "npu", spec.layer, 0, cost, (G, C, H, I))
+        rows.append(_row(f"{geometry}-group-G{G}-C{C}", op, times[j], load, device, geometry, dtype_name,
+                         {"gemms": [[C, 2 * I, H, G], [C, H, I, G]], "rows": C},
+                         note=f"one static group of {G} experts at capacity {C} (every slot computed), called as "
+                              "PlanExecutor._group_call runs it"))
+    detach(model)
+    return rows
+
+
+def check_args(device: str, geometries, repeats) -> None:
+    """The flags, checked before any model is built."""
+    if device not in DEVICES:
+        raise NpuMoeError(f"unknown --device {device!r}; use one of {', '.join(DEVICES)}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 3:
+        raise NpuMoeError(f"--repeats must be an integer >= 3 (a median and a spread need several), got {repeats!r}")
+    unknown = [g for g in geometries if g not in GEOMETRIES]
+    if unknown or not geometries:
+        raise NpuMoeError(f"unknown geometry {unknown or list(geometries)}; use some of {', '.join(GEOMETRIES)}")
+
+
+def measure_device(device: str = "cpu", geometries=GEOMETRIES, repeats: int = 5, quick: bool = False,
+                   seed: int = 0) -> list[dict]:
+    """Run the grid on `device`; returns the rows (see module doc)."""
+    check_args(device, geometries, repeats)
+    if device == "coreml":
+        raise NpuMoeError("measure_device runs the cpu and onnxruntime grids; Core ML: measure_coreml.measure_coreml")
+    if device == "onnxruntime":
+        from npumoe_lab.backends.onnxruntime import require_onnxruntime   # lazy: an optional, heavy dependency
+        require_onnxruntime()
+    npu_backend = None if device == "cpu" else device
+    dtype = resolve_dtype("auto")
+    rows = []
+    for geom in geometries:
+        spec = grid(geom, quick)
+        models = {}
+        todo = [("prefill", p) for p in spec["prefills"]] + [("groups", c) for c in spec["capacities"]]
+        for what, item in progress(todo, desc=f"measure {geom}"):
+            if what == "prefill":
+                mode, n_layers, chunk, prompt = item
+                if n_layers not in models:
+                    models[n_layers] = random_model(geom, n_layers, dtype, seed)
+                rows += prefill_rows(models[n_layers], geom, mode, n_layers, chunk, prompt, repeats, device,
+                                     npu_backend, dtype_name(dtype), seed)
+            else:
+                model = models.get(1) or models.setdefault(1, random_model(geom, 1, dtype, seed))
+                rows += group_rows(model, geom, item, spec["group_sizes"], repeats, device, npu_backend,
+                                   dtype_name(dtype))
+        del models
+    return rows
+
+
+def write_measurements(rows, out_dir, device: str, fallbacks=None, record=None) -> Path:
+    """DIR/measurements.yaml: the rows, (key `host`) what they were measured on and (key `fallbacks`, Core ML) the
+    graphs that fell off the NPU and were therefore not written as rows; `record`: the raw Core ML record, kept as
+    DIR/coreml-record.json."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    host = {"chip": host_chip(), "device": device, "host": host_description(), "machine": _platform.machine(),
+            "torch": str(torch.__version__), "torch_threads": torch.get_num_threads(),
+            **row_fields(resolve_dtype("auto")),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "n_rows": len(rows),
+            "n_host_busy": sum(bool(r.get("host_busy")) for r in rows)}
+    path = out / MEASUREMENTS_FILE
+    doc = {"description": f"MEASURED by npumoe-lab measure --device {device} on {host['host']} ({host['cpu_model']}, "
+                          f"{host['torch_threads']} torch threads, {host['created']}); op-level micro-benchmarks, "
+                          "role fit (docs/MEASUREMENTS.md)", "host": host,
+           **({"fallbacks": list(fallbacks)} if fallbacks else {}), "rows": list(rows)}
+    if not rows:
+        raise NpuMoeError(f"no rows to write ({len(fallbacks or [])} graphs fell off the NPU); nothing written")
+    if record is not None:
+        with atomic_open(out / "coreml-record.json", "w") as fh:
+            json.dump(record, fh, indent=1)
+    with atomic_open(path, "w") as fh:
+        yaml.safe_dump(doc, fh, sort_keys=False)
+    return path
+
+
+def register_cli(sub):
+    p = sub.add_parser("measure", help="micro-benchmark this machine's ops into measurement rows (fit-device input)")
+    p.add_argument("--device", required=True, help=f"one of {', '.join(DEVICES)}")
+    p.add_argument("--geometry", default=",".join(GEOMETRIES), help=f"comma list of {', '.join(GEOMETRIES)}")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats per op (median and IQR kept; >= 3)")
+    p.add_argument("--quick", action="store_true", help="a smaller grid (tests, a first look)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="folder for measurements.yaml")
+    p.set_defaults(func=_cli)
+
+
+def _cli(a) -> int:
+    geoms = tuple(g.strip() for g in a.geometry.split(",") if g.strip())
+    check_args(a.device, geoms, a.repeats)
+    if a.device == "coreml":
+        from npumoe_lab.experiments.measure_coreml import measure_coreml   # lazy: the Mac-only path
+        rows, fallbacks, record = measure_coreml(geoms, a.repeats, a.quick, a.seed)
+        path = write_measurements(rows, a.out, a.device, fallbacks, record)
+        print(f"{len(rows)} measured rows ({len(fallbacks)} graphs fell off the ANE: listed under fallbacks, not "
+              f"timed as NPU rows; powermetrics {record.get('powermetrics')}) written to {path}")
+        return 0
+    rows = with_torch_threads(measure_device)(a.device, geoms, a.repeats, a.quick, a.seed, threads=a.threads)
+    path = write_measurements(rows, a.out, a.device)
+    busy = sum(r["host_busy"] for r in rows)
+    print(f"{len(rows)} measured rows ({busy} flagged host_busy) written to {path}")
+    return 0
+
+
+__all__ = ["measure_device", "write_measurements", "grid", "host_chip", "DEVICES", "GEOMETRIES"]

@@ -1,0 +1,106 @@
+"""The host's op-level cost model (devices/cpu_model.py): prices by hand, parameter recovery, fit refusals."""
+import math
+
+import numpy as np
+import pytest
+
+from npumoe_lab.devices import cpu_model as cm
+from npumoe_lab.devices.cost import attention_cost, dense_cost, expert_ffn_cost, memory_cost
+from npumoe_lab.errors import NpuMoeError
+
+TRUE = {**{f"call_s_{k}": v for k, v in zip(cm.CALL_KINDS, (4e-4, 6e-5, 5e-5, 2e-4, 3e-4, 4e-5, 9e-5, 1.2e-4,
+                                                            3.5e-5))},
+        "peak_flops": 4.0e11, "work_half_flops": 2.0e7, "rows_half": 6.0, "bandwidth_bytes_s": 1.5e10,
+        "attention_flops": 8.0e10, "other_chunk_s": 5e-4, "other_layer_s": 8e-5}
+
+
+def rec(kind, cost, shape=()):
+    return cm.op_record(kind, cost.flops, cost.bytes, cost.calls, cost.gemm, shape)
+
+
+def test_expert_group_price_by_hand():
+    G, C, H, I = 4, 32, 256, 128
+    cost = expert_ffn_cost(G, C, H, I, dtype_bytes=2, weight_bytes=2)
+    flops = 6.0 * G * C * H * I                       # gate+up [C,H]x[H,2I] and down [C,I]x[I,H], per expert
+    assert cost.flops == pytest.approx(flops)
+    u = flops / (flops + TRUE["work_half_flops"]) * C / (C + TRUE["rows_half"])
+    want = TRUE["call_s_expert_group"] + max(flops / (TRUE["peak_flops"] * u), cost.bytes / TRUE["bandwidth_bytes_s"])
+    assert cm.price(TRUE, rec("expert_group", cost, (G, C, H, I))) == pytest.approx(want, rel=1e-12)
+
+
+def test_attention_scores_priced_apart_and_grow_with_context():
+    t, past, H, nh, nkv, hd = 128, 384, 256, 4, 2, 64
+    cost = attention_cost(t, past, H, nh, nkv, hd)
+    scores = 4.0 * t * (past + t) * nh * hd
+    proj = cost.flops - scores
+    u = proj / (proj + TRUE["work_half_flops"]) * t / (t + TRUE["rows_half"])
+    want = TRUE["call_s_attention"] + max(proj / (TRUE["peak_flops"] * u), cost.bytes / TRUE["bandwidth_bytes_s"]) \
+        + scores / TRUE["attention_flops"]
+    assert cm.price(TRUE, rec("attention", cost, (t, past))) == pytest.approx(want, rel=1e-12)
+    longer = cm.price(TRUE, rec("attention", attention_cost(t, 4 * past, H, nh, nkv, hd), (t, 4 * past)))
+    assert longer > want
+
+
+def test_chunk_rest_priced_from_its_shape():
+    T, L, H, V = 128, 4, 256, 4096
+    flops, nbytes = 2.0 * T * H * V, (V * H + L * 10 * T * H) * 2
+    u = flops / (flops + TRUE["work_half_flops"]) * T / (T + TRUE["rows_half"])
+    want = TRUE["other_chunk_s"] + L * TRUE["other_layer_s"] + max(flops / (TRUE["peak_flops"] * u),
+                                                                    nbytes / TRUE["bandwidth_bytes_s"])
+    got = cm.price(TRUE, rec("other", memory_cost(0, "other"), (T, L, H, V)))
+    assert got == pytest.approx(want, rel=1e-12)
+    with pytest.raises(NpuMoeError, match="shape"):
+        cm.price(TRUE, rec("other", memory_cost(0, "other"), ()))
+
+
+def synthetic_ops():
+    """A grid like measure's: every op kind at several sizes (the engine's cost builders)."""
+    ops = []
+    for H, I in ((256, 128), (2048, 768)):
+        for G in (1, 4, 16):
+            for C in (1, 4, 16, 64, 256):
+                ops.append(rec("expert_group", expert_ffn_cost(G, C, H, I), (G, C, H, I)))
+        for T in (32, 128, 512):
+            for past in (0, T, 4 * T):
+                ops.append(rec("attention", attention_cost(T, past, H, 8, 2, 64), (T, past)))
+            ops.append(rec("router", dense_cost(T, H, 64)))
+            ops.append(rec("shared_experts", dense_cost(T, H, 3 * I)))
+            for kind in ("dispatch", "pack", "scatter"):
+                ops.append(rec(kind, memory_cost(T * H * 4.0, kind)))
+            for n in (4, 16):
+                dyn = expert_ffn_cost(1, T, H, I, calls=n)
+                ops.append(rec("experts_dynamic", dyn))
+                ops.append(rec("experts_hf", dyn))
+            for L in (1, 2):
+                ops.append(rec("other", memory_cost(0, "other"), (T, L, H, 4096)))
+    return ops
+
+
+def test_parameters_are_recovered_from_rows_the_model_generated():
+    ops = synthetic_ops()
+    y = cm.price_many(TRUE, ops)
+    start = {k: v * (3.0 if i % 2 else 0.3) for i, (k, v) in enumerate(TRUE.items())}
+    res = cm.fit(ops, y, start=start)
+    assert set(res["free"]) == set(cm.PARAMS)
+    for k in cm.PARAMS:
+        assert res["params"][k] == pytest.approx(TRUE[k], rel=0.05), k
+    assert res["worst_abs_err"] < 1e-3
+
+
+def test_a_fit_with_fewer_rows_than_free_parameters_is_refused():
+    ops = synthetic_ops()[:3]                # expert groups only: 5 free parameters, 3 rows
+    with pytest.raises(NpuMoeError, match="at least as many rows"):
+        cm.fit(ops, cm.price_many(TRUE, ops))
+
+
+def test_unknown_op_kind_is_named():
+    with pytest.raises(NpuMoeError, match="'bogus'"):
+        cm.price(TRUE, cm.op_record("bogus", 1.0, 1.0, 1))
+
+
+def test_uninformed_parameters_stay_at_their_start():
+    ops = [o for o in synthetic_ops() if o["kind"] == "expert_group"]
+    res = cm.fit(ops, cm.price_many(TRUE, ops))
+    assert "call_s_router" not in res["free"] and res["params"]["call_s_router"] == cm.START["call_s_router"]
+    assert math.isclose(res["params"]["peak_flops"], TRUE["peak_flops"], rel_tol=0.05)
+    assert np.all(np.isfinite(cm.price_many(res["params"], ops)))
