@@ -1,7 +1,9 @@
-"""The paper grid simulated (issue 14): 3 geometries x 2 platforms x 9 variants x prompts 1024/4096 x chunks
-256/512/1024 = 324 rows through `npumoe_lab.simulate` (routing replayed on the engine, no weights, times modeled).
-Prints the wall time, rows per second and the CPU it ran on (model, flags, threads); the target is <= 60 s on
-2 cores. `--repeats N` runs the grid N times and reports the median (this machine is shared and noisy)."""
+"""The paper grid simulated (issue 14, issue 30): 3 geometries x 2 platforms x 9 variants x prompts 1024/4096 x chunks
+256/512/1024 = 324 rows through `npumoe_lab.simulate` (routing sampled, op streams as arrays, no weights, times
+modeled). Prints the wall time and the process CPU time (the host is shared: CPU time is what a quiet core takes),
+rows per second and the CPU it ran on (model, flags). Targets: one draw <= 10 s on 2 cores; 200 parameter draws
+(the 90 % intervals) <= 60 s. `--repeats N` runs each N times and reports the median; `--engine ops` times the
+per-op reference path instead."""
 from __future__ import annotations
 
 import argparse
@@ -14,7 +16,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from npumoe_lab.sim.report import paper_scale_markdown  # noqa: E402  (after the path insert)
+from npumoe_lab.core.cpu_features import cpu_model  # noqa: E402  (after the path insert)
+from npumoe_lab.sim.report import paper_scale_markdown  # noqa: E402
 from npumoe_lab.sim.run import simulate  # noqa: E402
 from npumoe_lab.utils import host_description  # noqa: E402
 
@@ -32,26 +35,53 @@ def cpu_flags() -> str:
     return " ".join(f for f in wanted if f in flags) or "unknown"
 
 
+def cpu_line() -> str:
+    return f"# host: {host_description()}; CPU: {cpu_model()}; flags: {cpu_flags()}; torch threads: 1"
+
+
+def cold() -> None:
+    """Forget what a process keeps between simulations (routing sources with their calibration draws and
+    profiles, plan parts, layouts, FFN estimates): every timed run starts cold."""
+    from npumoe_lab.planning.residency import _ffn_seconds
+    from npumoe_lab.sim.run import _cached_source, _dropless
+    for cache in (_cached_source, _dropless, _ffn_seconds):
+        cache.cache_clear()
+
+
+def timed(fn, repeats: int):
+    """(result of the last call, wall seconds, process CPU seconds), medians over the repeats, each run cold."""
+    walls, cpus, out = [], [], None
+    for _ in range(repeats):
+        cold()
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = fn()
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    return out, statistics.median(walls), statistics.median(cpus), walls
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--routing", default="synthetic:gini=0.6")
-    ap.add_argument("--out", default=None, help="write the rows of the last repeat here")
+    ap.add_argument("--draws", type=int, default=200, help="parameter draws of the interval run (0: skip it)")
+    ap.add_argument("--engine", default="array", choices=("array", "ops"))
+    ap.add_argument("--out", default=None, help="write the rows of the last one-draw repeat here")
+    ap.add_argument("--tables", action="store_true", help="also print the paper-scale tables")
     a = ap.parse_args(argv)
-    times, cpu, df = [], [], None
     load0 = os.getloadavg()[0]
-    for r in range(a.repeats):
-        t0, c0 = time.perf_counter(), time.process_time()
-        df = simulate(routing=a.routing, out=a.out if r == a.repeats - 1 else None, **GRID)
-        times.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    med, med_cpu = statistics.median(times), statistics.median(cpu)
-    print(f"# host: {host_description()}; CPU flags: {cpu_flags()}; torch threads during the simulation: 1")
-    print(f"paper grid: {len(df)} rows in {med:.1f} s wall (median of {a.repeats}: "
-          f"{', '.join(f'{t:.1f}' for t in times)} s), {len(df) / med:.1f} rows/s; process CPU time {med_cpu:.1f} s "
-          f"(what a quiet core would take); load average {load0:.1f} -> {os.getloadavg()[0]:.1f} on "
-          f"{os.cpu_count()} cores; target <= 60 s")
-    print(paper_scale_markdown(df))
+    print(cpu_line())
+    df, wall, cpu, walls = timed(lambda: simulate(routing=a.routing, out=a.out, engine=a.engine, **GRID), a.repeats)
+    print(f"paper grid: {len(df)} rows in {wall:.1f} s wall, {cpu:.1f} s process CPU (median of {a.repeats}: "
+          f"{', '.join(f'{t:.1f}' for t in walls)} s wall), {len(df) / wall:.1f} rows/s; engine {a.engine}; "
+          f"load average {load0:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; target <= 10 s")
+    if a.draws:
+        dd, wall_d, cpu_d, _ = timed(lambda: simulate(routing=a.routing, draws=a.draws, engine=a.engine, **GRID),
+                                     a.repeats)
+        print(f"paper grid with {a.draws} parameter draws (90 % intervals, {dd.interval_source.iloc[0]}): "
+              f"{len(dd)} rows in {wall_d:.1f} s wall, {cpu_d:.1f} s process CPU; target <= 60 s")
+    if a.tables:
+        print(paper_scale_markdown(df))
     return 0
 
 

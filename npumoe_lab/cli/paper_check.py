@@ -15,7 +15,7 @@ def _paper_check(a) -> int:
     from npumoe_lab.viz import figcheck
     t0 = time.perf_counter()
     fits = fitted_platforms(GRID["platforms"], a.fitted) if a.fitted else {}
-    table, sens, df = paper_check(a.routing, a.seed, not a.no_sensitivity)
+    table, sens, df = paper_check(a.routing, a.seed, not a.no_sensitivity, draws=a.draws)
     out = Path(a.out)
     text = markdown(table, sens, a.routing)
     ftable = fdf = None
@@ -47,5 +47,8 @@ def register_cli(sub) -> None:
     p.add_argument("--no-sensitivity", action="store_true", help="skip the per-quantity sensitivity runs")
     p.add_argument("--fitted", default=None, help="a folder of fit-device outputs (<platform>-fit.yaml, e.g. "
                                                   "data/fits): the check is rerun on them, side by side")
+    p.add_argument("--draws", type=int, default=100,
+                   help="parameter draws for each quantity's 90%% interval (the platform's posterior, else a prior from its sourced alternatives; 0: none; "
+                        "default 100)")
     p.add_argument("--out", default="results/paper-check", help="folder (default results/paper-check)")
     p.set_defaults(func=_paper_check)

@@ -25,7 +25,7 @@ def _run(a) -> int:
                             prompt_len=a.prompt_len, chunk=a.chunk, plan=a.plan, repeats=a.repeats,
                             n_samples=a.n_samples, seed=a.seed, out=early, calib_workload=a.calib_workload,
                             calib_tokens=a.calib_tokens, timeline=a.timeline, npu_backend=a.npu_backend,
-                            threads=a.threads, dtype=a.dtype, drift=a.drift, **knobs)
+                            threads=a.threads, dtype=a.dtype, drift=a.drift, draws=a.draws, **knobs)
     cols = ["variant", "platform", "timing_source", "ttft_s", "ttft_iqr_s", "host_busy", "energy_per_token_mj",
             "cpu_busy_s", "n_npu_calls", "drop_rate", "pad_rate", "score", "accuracy_delta"]
     print(median_table(df, [c for c in cols if c in df.columns]))
@@ -70,5 +70,8 @@ def register_cli(sub) -> None:
                    help="torch intra-op threads for the run (default: torch's own choice); recorded per row")
     add_dtype_argument(p)
     p.add_argument("--drift", action="store_true", help="monitor routing drift of the plan variants (drift_* columns)")
+    p.add_argument("--draws", type=int, default=200,
+                   help="modeled platforms: parameter draws for the 90%% interval columns (*_lo/_hi) (the platform's posterior, else a prior from its sourced alternatives; 0: none; "
+                        "default 200)")
     p.add_argument("--out", default="results/run", help="results folder (default results/run; rows never replace earlier rows)")
     p.set_defaults(func=_run)

@@ -38,7 +38,7 @@ def _sensitivity(a) -> int:
     from npumoe_lab.sim.figures import tornado
     from npumoe_lab.viz import figcheck
     from npumoe_lab.sim.sensitivity import report, run_sensitivity
-    res = run_sensitivity(a.geometry, a.platform, a.routing, a.prompt_len, a.chunk, a.weights, a.seed)
+    res = run_sensitivity(a.geometry, a.platform, a.routing, a.prompt_len, a.chunk, a.weights, a.seed, a.draws)
     out = Path(a.out)
     text = (f"# Sensitivity of the modeled conclusions: {a.geometry} on {a.platform}, prompt {a.prompt_len}, chunk "
             f"{a.chunk}, routing {a.routing} (every number modeled)\n\n" + report(res) + "\n")
@@ -72,5 +72,8 @@ def register_cli(sub) -> None:
     p.add_argument("--chunk", type=int, default=512, help="prefill chunk in tokens (default 512)")
     p.add_argument("--weights", default="fp16", choices=("fp16", "int8"), help="NPU weight storage (default fp16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled routing (default 0)")
+    p.add_argument("--draws", type=int, default=200,
+                   help="oat: parameter draws for the probability each conclusion holds (the platform's posterior, else a prior from its sourced alternatives; 0: none; "
+                        "default 200)")
     p.add_argument("--out", default="results/sensitivity", help="folder (default results/sensitivity)")
     p.set_defaults(func=_sensitivity)

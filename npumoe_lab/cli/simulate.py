@@ -24,7 +24,8 @@ def _simulate(a) -> int:
     knobs = knobs_from_args(a)
     t0 = time.perf_counter()
     df, timelines = simulate_with_timelines(a.geometry, a.routing, a.platforms, a.variants, a.prompt_len, a.chunk,
-                                            a.weights, a.seed, a.timeline, **knobs)
+                                            a.weights, a.seed, a.timeline, draws=a.draws,
+                                            engine=a.engine, **knobs)
     cols = ["model", "platform", "prompt_len", "chunk", "variant", "ttft_s", "energy_per_token_mj", "cpu_cycles",
             "n_npu_calls", "drop_rate", "pad_rate"]
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 400):
@@ -59,5 +60,10 @@ def register_cli(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled routing (default 0)")
     add_knob_arguments(p, with_defaults=False)       # unset: each variant's plan defaults
     p.add_argument("--timeline", action="store_true", help="also write the per-op timelines")
+    p.add_argument("--draws", type=int, default=200,
+                   help="parameter draws for the 90%% interval columns (*_lo/_hi) (the platform's posterior, else a prior from its sourced alternatives; 0: none; "
+                        "default 200)")
+    p.add_argument("--engine", default="array", choices=("array", "ops"),
+                   help="array: op streams as arrays (fast, default); ops: the per-op replay (the reference)")
     p.add_argument("--out", default="results/simulate", help="results folder (default results/simulate)")
     p.set_defaults(func=_simulate)

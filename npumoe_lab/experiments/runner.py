@@ -28,6 +28,8 @@ from npumoe_lab.models import describe, load_model, model_fingerprint
 from npumoe_lab.planning.plan import Plan, variant_plan
 from npumoe_lab.execution.runtime import (PrefillConfig, check_chunk, check_context, check_lengths, chunked_prefill,
                                          run_prefill)
+from npumoe_lab.sim.array_replay import mean_interval, ops_draw_metrics
+from npumoe_lab.sim.pricing import draws_source, parameter_draws
 from npumoe_lab.results.stats import paired_exact
 from npumoe_lab.execution.timeline import to_frame
 from npumoe_lab.utils import progress, provenance, with_torch_threads
@@ -78,6 +80,7 @@ class _Variant:
     key: tuple                       # shared_numerics.numerics_key
     prior: list | None               # per sample Numerics of an equal-numerics run already done (to reuse)
     per_rep: list = field(default_factory=list)    # per repeat: per sample summary dicts
+    per_draw: list = field(default_factory=list)   # per repeat: per sample metrics under the parameter draws
     acc: list = field(default_factory=list)        # per sample: score, ref_score, nll, agreement
     mine: list = field(default_factory=list)       # per sample Numerics of this run
     load: HostLoad = field(default_factory=HostLoad)
@@ -103,6 +106,7 @@ class _Run:
     prompt_len: int = 0
     refs: list = field(default_factory=list)        # per sample (ReferenceLogits, reference score)
     shared: dict = field(default_factory=dict)      # numerics key -> per sample Numerics
+    drawn: dict | None = None                       # this platform's parameter draws (modeled), or None
 
     @staticmethod
     def resolve(model, workload, variants, platforms, prompt_len, chunk, plan, repeats, n_samples, seed, model_name,
@@ -201,6 +205,7 @@ class _Run:
         interleaved: a slow spell of the host hits every variant alike."""
         for p in prepared:
             p.per_rep = [[] for _ in range(reps)]
+            p.per_draw = [[] for _ in range(reps)]
         for r in range(reps):
             for i, s in enumerate(self.samples):
                 ids = torch.tensor([s.input_ids])
@@ -210,11 +215,14 @@ class _Run:
                         src = prior[i] if prior else p.mine[i]
                         res = remodel(src, config, geometry, n_tokens=len(s.input_ids))
                         res.summary["numerics_from"] = src.platform
+                        ops = src.ops
                     else:
                         interleave.restore(self.model, p.snapshot)
                         with p.load.measuring():
                             res = run_prefill(self.model, ids, config, measure_hf_experts=v.experts == "hf")
+                        ops = res.ops
                     p.per_rep[r].append(res.summary)
+                    p.per_draw[r].append(ops_draw_metrics(ops, plat, len(s.input_ids), self.drawn))
                     if timeline and r == 0:
                         tl_frames.append(to_frame(res.events, res.ops).assign(
                             variant=v.name, platform=plat.name, sample=i, model=self.name,
@@ -263,6 +271,8 @@ class _Run:
                 row.update(knob_columns(self.knobs))      # swept knobs become columns (the figures read them)
                 for col in m.columns:
                     row[col] = m[col].mean() if pd.api.types.is_numeric_dtype(m[col]) else m[col].iloc[0]
+                if self.drawn is not None:
+                    row.update(mean_interval(p.per_draw[r]), interval_source=draws_source(plat))
                 rows.append(row)
         return rows
 
@@ -271,7 +281,8 @@ class _Run:
 def run_experiment(model="tiny", workload="ruler-multikey", variants="all", platforms="cpu,m2-max",
                    prompt_len=1024, chunk=256, plan=None, repeats=None, n_samples=4, seed=0, out=None,
                    calib_workload="mixed", calib_tokens=8192, timeline=False, model_name=None, warmup=1,
-                   npu_backend=None, dtype=None, share_numerics=True, drift=False, **plan_knobs) -> pd.DataFrame:
+                   npu_backend=None, dtype=None, share_numerics=True, drift=False, draws: int = 0,
+                   **plan_knobs) -> pd.DataFrame:
     """Run every (variant, platform) on the workload's samples; returns (and writes to `out`) result rows.
     `repeats=None`: MEASURED_REPEATS on a measured platform (variants interleaved, host load recorded, median
     and IQR stored, rows flagged `host_busy` with one warning when the host was not quiet), 1 on a modeled one.
@@ -296,6 +307,8 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
     bar = progress(total=len(run.variants) * len(run.samples) * sum(reps_of.values()), desc=f"run {workload}")
     for plat in run.platforms:
         prepared = run.prepare(plat, profile, npu_backend, warmup, drift, share_numerics)
+        # modeled platforms: each sample's ops priced under parameter draws too (the rows' 90 % intervals)
+        run.drawn = parameter_draws(plat, draws, seed) if draws and plat.kind != "measured" else None
         run.prefill(plat, prepared, reps_of[plat.name], share_numerics, geometry, timeline, tl_frames, bar)
         rows += run.rows(plat, prepared, workload, prompt_len, npu_backend, seed, prov)
     warn_if_busy(rows)

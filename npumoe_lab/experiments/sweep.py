@@ -150,7 +150,8 @@ def run_cell(task: dict) -> dict:
         try:
             if task.get("kind") == "simulate":   # no notebook: the cell is one simulate() call writing its rows
                 from npumoe_lab.sim.run import simulate  # lazy: torch and the engine only for `kind: simulate` sweeps
-                simulate(**task["params"], out=cell_dir)
+                with env_set(NPUMOE_IN_SWEEP="1"):   # the sweep's bar counts cells: no bar inside a cell
+                    simulate(**task["params"], out=cell_dir)
             else:
                 _run_notebook(task, cell_dir)
         except Exception as exc:  # noqa: BLE001 - a failed cell must not stop the sweep

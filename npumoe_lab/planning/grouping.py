@@ -128,8 +128,9 @@ def make_groups_with_notes(tier, capacity, expected_load, group_size, order="pop
             raise NpuMoeError(f"coactivation must be [{E}, {E}], got {coact.shape}")
     groups, notes = [], []
     per_expert = expert_bytes(hidden, intermediate, dtype_bytes)
-    for t in sorted(set(tier.tolist())):
-        members = [e for e in range(E) if tier[e] == t]
+    tiers_, loads_ = tier.tolist(), load.tolist()      # Python scalars: the loops below index them per expert
+    for t in sorted(set(tiers_)):
+        members = [e for e in range(E) if tiers_[e] == t]
         caps = set(capacity[members].tolist())
         if len(caps) != 1:
             raise NpuMoeError(f"tier {t} mixes capacities {sorted(caps)}; every expert of a tier must share one")
@@ -138,7 +139,7 @@ def make_groups_with_notes(tier, capacity, expected_load, group_size, order="pop
                                   graph_limit_bytes, max_dim, strict)
         notes += [f"tier {t}: {w}" for w in why]
         if order == "popularity":
-            ranked = sorted(members, key=lambda e: (-load[e], e))
+            ranked = sorted(members, key=lambda e: (-loads_[e], e))
             parts = [ranked[i:i + g] for i in range(0, len(ranked), g)]
         else:
             parts = _coactivation_order(members, load, coact, g)

@@ -202,6 +202,23 @@ def _residency_rule(k: PlanKnobs, platform) -> str:
     return k.residency
 
 
+def _memo(profile, key, make):
+    """`make()` once per calibration profile and key (the profile's counts are what every part is computed from)."""
+    memo = profile.__dict__.setdefault("_plan_parts", {})
+    if key not in memo:
+        if len(memo) >= 4096:          # a long sweep over knobs on one profile: keep memory bounded
+            memo.clear()
+        memo[key] = make()
+    return memo[key]
+
+
+def _tiers(counts, chunk, spec, k):
+    assign = assign_tiers(counts, chunk, spec.top_k, spec.n_experts, tiers=k.tiers, percentile=k.percentile,
+                          align=k.align, min_capacity=k.min_capacity, multipliers=k.multipliers, rule=k.capacity_rule,
+                          uniform_slack=k.uniform_slack, top_fraction=k.top_fraction)
+    return assign, expected_kept_tokens(assign, counts)
+
+
 def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs | dict | None = None,
                **overrides) -> Plan:
     """Plan for every calibrated MoE layer. `profile`: a CalibrationProfile or its directory. `model_or_specs`:
@@ -232,30 +249,39 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
             raise NpuMoeError(f"layer {spec.layer}: the profile has {counts.shape[0]} experts, the model "
                               f"{spec.n_experts}; calibrate this model")
         counts = np.pad(counts, ((0, spec.n_experts - counts.shape[0]), (0, 0)))   # never-routed experts
-        assign = assign_tiers(counts, profile.chunk, spec.top_k, spec.n_experts, tiers=k.tiers,
-                              percentile=k.percentile, align=k.align, min_capacity=k.min_capacity,
-                              multipliers=k.multipliers, rule=k.capacity_rule, uniform_slack=k.uniform_slack,
-                              top_fraction=k.top_fraction)
-        kept = expected_kept_tokens(assign, counts)
-        coact = profile.coactivation_matrix(spec.layer) if k.order == "coactivation" else None
-        groups, notes = make_groups_with_notes(assign.tier, assign.capacity, kept, k.group_size, k.order, coact,
-                                               hidden=spec.hidden, intermediate=spec.intermediate,
-                                               dtype_bytes=weight_size, graph_limit_bytes=limit, max_dim=max_dim,
-                                               strict=k.strict)
+        shape = (spec.layer, spec.n_experts, spec.top_k, spec.hidden, spec.intermediate)
+        tier_args = (k.tiers, k.percentile, k.align, k.min_capacity, repr(k.multipliers), k.capacity_rule,
+                     k.uniform_slack, k.top_fraction)
+        # tiers and groups depend on the counts and these knobs only: plans of several variants and platforms
+        # from one profile (a simulation's grid) share them
+        assign, kept = _memo(profile, ("tiers", shape, tier_args), lambda: _tiers(counts, profile.chunk, spec, k))
+        group_args = (k.group_size, k.order, weight_size, limit, max_dim, k.strict)
+        groups, notes = _memo(profile, ("groups", shape, tier_args, group_args), lambda: make_groups_with_notes(
+            assign.tier, assign.capacity, kept, k.group_size, k.order,
+            profile.coactivation_matrix(spec.layer) if k.order == "coactivation" else None, hidden=spec.hidden,
+            intermediate=spec.intermediate, dtype_bytes=weight_size, graph_limit_bytes=limit, max_dim=max_dim,
+            strict=k.strict))
+        notes = list(notes)
         thr = k.hot_threshold
         if residency == "threshold" and thr is None:
             thr = profile.chunk * spec.top_k / spec.n_experts
         routed = counts.mean(axis=1)         # expected routed tokens per chunk per expert: the CPU's load
-        loads = [float(sum(routed[e] for e in g.experts)) for g in groups]
+        routed_ = routed.tolist()            # Python floats: the same sums, without a NumPy scalar per expert
+        loads = [float(sum(routed_[e] for e in g.experts)) for g in groups]
         flags += assign_residency(groups, residency, thr, plat, spec, None, k.dtype_bytes, loads=loads)
         all_groups += groups
+        static = _memo(profile, ("entry", shape, tier_args, group_args), lambda: dict(
+            capacity=assign.capacity.tolist(), tier=assign.tier.tolist(), tier_capacities=list(assign.tier_capacities),
+            groups=[g.to_dict() | {"expected_tokens": round(g.expected_tokens, 4)} for g in groups],
+            expected_padding=round(expected_padding(assign, counts), 6),
+            expected_drop_rate=round(expected_drop_rate(assign, counts), 6)))
         layers.append({"layer": spec.layer, "n_experts": spec.n_experts, "top_k": spec.top_k, "hidden": spec.hidden,
-                       "intermediate": spec.intermediate, "capacity": assign.capacity.tolist(),
-                       "tier": assign.tier.tolist(), "tier_capacities": list(assign.tier_capacities),
-                       "groups": [g.to_dict() | {"expected_tokens": round(g.expected_tokens, 4)} for g in groups],
-                       "expected_padding": round(expected_padding(assign, counts), 6),
-                       "expected_drop_rate": round(expected_drop_rate(assign, counts), 6),
-                       "hot_threshold": thr, "notes": notes})
+                       "intermediate": spec.intermediate, "capacity": list(static["capacity"]),
+                       "tier": list(static["tier"]), "tier_capacities": list(static["tier_capacities"]),
+                       # each plan's own group dicts (it sets "resident"); the expert lists are shared, read only
+                       "groups": [dict(g) for g in static["groups"]],
+                       "expected_padding": static["expected_padding"],
+                       "expected_drop_rate": static["expected_drop_rate"], "hot_threshold": thr, "notes": notes})
     flags = iter(fit_budget(all_groups, flags, k.npu_memory_budget_bytes))   # one budget over all layers
     for lp in layers:
         for g in lp["groups"]:

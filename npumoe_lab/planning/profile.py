@@ -41,7 +41,9 @@ class CalibrationProfile:
     # -- shape -------------------------------------------------------------------------------------------
     @property
     def layers(self) -> list[int]:
-        return sorted(int(x) for x in self.counts["layer"].unique())
+        if "_layers" not in self.__dict__:     # read per MoE layer by planning: the column's unique values once
+            self.__dict__["_layers"] = sorted(int(x) for x in self.counts["layer"].unique())
+        return list(self.__dict__["_layers"])
 
     @property
     def chunk(self) -> int:

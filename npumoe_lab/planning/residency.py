@@ -16,6 +16,7 @@ tokens per weight byte: a group that does not fit is skipped and smaller ones ar
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from npumoe_lab.devices.cost import expert_ffn_cost
@@ -30,16 +31,22 @@ def group_times(group, platform, hidden: int, intermediate: int, dtype_bytes: in
     default the group's expected kept tokens)."""
     g = len(group.experts)
     npu_wb = getattr(platform.npu, "weight_bytes", None)
-    npu = platform.npu.estimate(expert_ffn_cost(g, int(group.capacity), hidden, intermediate, dtype_bytes,
-                                                weight_bytes=npu_wb))
+    npu = _ffn_seconds(platform.npu, g, int(group.capacity), hidden, intermediate, dtype_bytes, npu_wb, 1)
     load = group.expected_tokens if load is None else load
     if load <= 0:
         return npu, 0.0
     # the CPU runs the same weights over `load` rows in all, one op call per expert (the engine's cold path)
     per_expert = max(1, math.ceil(load / g))
-    cpu = platform.cpu.estimate(expert_ffn_cost(g, per_expert, hidden, intermediate, dtype_bytes, calls=g,
-                                                weight_bytes=getattr(platform.cpu, "weight_bytes", None)))
+    cpu = _ffn_seconds(platform.cpu, g, per_expert, hidden, intermediate, dtype_bytes,
+                       getattr(platform.cpu, "weight_bytes", None), g)
     return npu, cpu
+
+
+@functools.lru_cache(maxsize=65536)
+def _ffn_seconds(device, g, capacity, hidden, intermediate, dtype_bytes, weight_bytes, calls) -> float:
+    """A device's modeled seconds for expert FFNs of this shape (pure: plans of a sweep ask for the same ones)."""
+    return device.estimate(expert_ffn_cost(g, capacity, hidden, intermediate, dtype_bytes, calls=calls,
+                                           weight_bytes=weight_bytes))
 
 
 def fit_budget(groups, resident: list[bool], budget_bytes: int | None) -> list[bool]:

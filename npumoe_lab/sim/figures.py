@@ -38,7 +38,8 @@ def tornado(res: pd.DataFrame, conclusion: str) -> Figure:
 
 
 def paper_check_figure(table: pd.DataFrame) -> Figure:
-    """Modeled / paper per quantity (log axis; 1 = agreement), unfitted platform values."""
+    """Modeled / paper per quantity (log axis; 1 = agreement), unfitted platform values; a line across each bar
+    for its 90 % interval when the table has one (paper_check with draws)."""
     t = table.dropna(subset=["ratio"]).iloc[::-1]
     fig = Figure(figsize=(8, 0.32 * len(t) + 1.4), layout="constrained")     # room for labels, none wasted
     ax = fig.add_subplot()
@@ -47,6 +48,11 @@ def paper_check_figure(table: pd.DataFrame) -> Figure:
     # points with a stem from 1 (agreement): on a log axis a bar from zero has no meaning, a distance from 1 has
     ax.hlines(y, 1.0, t["ratio"], colors=colors, lw=1.5)
     ax.scatter(t["ratio"], y, s=16, c=colors, zorder=3)
+    if {"modeled_lo", "modeled_hi"} <= set(t.columns):      # the 90 % interval over the parameter draws
+        lo, hi = t["modeled_lo"] / t["paper"], t["modeled_hi"] / t["paper"]
+        ok = np.isfinite(lo) & np.isfinite(hi) & (lo > 0)
+        ax.hlines(y[ok], lo[ok], hi[ok], color="0.15", lw=1.2, label="90 % interval (parameter draws)")
+        ax.legend(fontsize=7, loc="lower right")
     ax.axvline(1.0, color="black", lw=1)
     ax.set_xscale("log")
     ax.set_yticks(y, t["quantity"], fontsize=7)

@@ -134,7 +134,7 @@ def run_global(spec: str, geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6"
     vlist = parse_variants(",".join(VARIANTS))
     pricers = {r["variant"]: StreamPricer(res, prompt_len) for r, res in
                iter_simulation(geometry, routing, [base], ",".join(v.name for v in vlist), prompt_len, chunk,
-                               weights, seed)}
+                               weights, seed, engine="ops")}     # StreamPricer reads the per-op records
     X = morris_sample.sample(problem, trajectories, num_levels=levels, seed=seed)
     effects, probs = [], []
     for struct in STRUCTURES:

@@ -13,12 +13,16 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from npumoe_lab.devices import get_platform
 from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.sim.array_replay import INTERVAL_METRICS, expert_ffn_and_scatter_s
+from npumoe_lab.sim.pricing import INTERVAL, parameter_draws, price_stream
 from npumoe_lab.sim.report import BASELINES, PAPER_END_TO_END, PAPER_RANGES
 from npumoe_lab.sim.run import iter_simulation
+from npumoe_lab.sim.stream import KIND
 from npumoe_lab.sim.sensitivity import VARIANTS, cases, report, score
 
 GRID = dict(geometry="qwen3-30b-a3b,phi-3.5-moe,phi-tiny-moe", platforms="m2-max,m2-ultra", prompt_len="1024,4096",
@@ -27,7 +31,13 @@ POINT = dict(prompt_len=1024, chunk=512, platform="m2-ultra")
 FFN_EVENTS = ("cold", "spill", "experts")          # + every "group<i>": the expert FFN time of PAPER.md 5.3
 
 
-def _ffn_and_scatter_ms(events) -> tuple[float, float]:
+def _ffn_and_scatter_ms(res) -> tuple[float, float]:
+    """Expert FFN and scatter milliseconds of one simulated prefill (an array-path StreamResult, or per-op
+    events)."""
+    if hasattr(res, "stream"):
+        ffn, sc = expert_ffn_and_scatter_s(res.stream, res.platform)
+        return 1e3 * ffn, 1e3 * sc
+    events = res.events
     ffn = sum(e.duration_s for e in events if e.name.startswith("group") or e.name in FFN_EVENTS)
     return 1e3 * ffn, 1e3 * sum(e.duration_s for e in events if e.name == "scatter")
 
@@ -66,6 +76,32 @@ def quantities(df: pd.DataFrame, breakdown: dict) -> dict:
     return q
 
 
+def _breakdown_draws(res, draws: dict) -> np.ndarray:
+    """(D, 2) expert FFN and scatter milliseconds of one prefill under each parameter draw."""
+    d = price_stream(draws, res.stream)
+    k = res.stream.cols["kind"]
+    ffn = np.isin(k, [KIND["expert_group"], KIND["experts_dynamic"], KIND["experts_hf"]])
+    return 1e3 * np.stack([d[:, ffn].sum(1), d[:, k == KIND["scatter"]].sum(1)], axis=1)
+
+
+def _intervals(df: pd.DataFrame, metrics: list, breakdown: dict, table: pd.DataFrame) -> pd.DataFrame:
+    """The table with each quantity's 90 % interval over the parameter draws (modeled_lo / _hi) and the share of
+    draws that put it within 0.8-1.25x of the paper (p_within_25pct): every quantity recomputed per draw."""
+    D = len(next(iter(metrics[0].values())))
+    per = {q: [] for q in table.quantity}
+    for i in range(D):
+        dfi = df.assign(**{m: [x[m][i] for x in metrics] for m in INTERVAL_METRICS})
+        for q, (_, v) in quantities(dfi, {k: tuple(b[i]) for k, b in breakdown.items()}).items():
+            per[q].append(v)
+    lo_hi = {q: np.nanpercentile(v, INTERVAL) if len(v) else (math.nan, math.nan) for q, v in per.items()}
+    paper = dict(zip(table.quantity, table.paper))
+    within = {q: float(np.mean([(0.8 <= x / paper[q] <= 1.25) for x in v])) if paper[q] and v else math.nan
+              for q, v in per.items()}
+    return table.assign(modeled_lo=table.quantity.map(lambda q: lo_hi[q][0]),
+                        modeled_hi=table.quantity.map(lambda q: lo_hi[q][1]),
+                        p_within_25pct=table.quantity.map(within), interval_draws=D)
+
+
 def fitted_platforms(grid_platforms: str, fitted_dir) -> dict:
     """{sourced name: fitted platform YAML} for the grid's platforms that have a `<name>-fit.yaml` in fitted_dir."""
     folder = Path(fitted_dir)
@@ -78,25 +114,34 @@ def fitted_platforms(grid_platforms: str, fitted_dir) -> dict:
 
 
 def paper_check(routing: str = "synthetic:gini=0.6", seed: int = 0, sensitivity: bool = True, grid: dict = GRID,
-                platform_map: dict | None = None):
+                platform_map: dict | None = None, draws: int = 100):
     """(table, sensitivity rows of the point setting, simulated grid rows): one table row per predictable paper
     number. `grid`: the simulated grid (default the paper's; tests pass a smaller one). `platform_map`: {grid
-    platform name: platform spec to simulate instead} (e.g. its fit, fitted_platforms); rows keep the grid name."""
-    rows, breakdown = [], {}
+    platform name: platform spec to simulate instead} (e.g. its fit, fitted_platforms); rows keep the grid name.
+    `draws`: parameter draws (the platforms' posterior, else the sourced prior) for each quantity's 90 % interval
+    (0: none)."""
+    rows, breakdown, metrics, bdraws, drawn = [], {}, [], {}, {}
     platform_map = platform_map or {}
     specs = [platform_map.get(n, n) for n in grid["platforms"].split(",")]
     back = {get_platform(s).name: n for n, s in zip(grid["platforms"].split(","), specs)}
     for row, res in iter_simulation(grid["geometry"], routing, ",".join(specs), "all", grid["prompt_len"],
-                                    grid["chunk"], seed=seed):
+                                    grid["chunk"], seed=seed, draws=draws):
         row = {**row, "platform": back.get(row["platform"], row["platform"]), "platform_spec": row["platform"]}
         rows.append(row)
+        metrics.append(getattr(res, "draws", None))     # None on the per-op engine (a graph-level NPU)
         if (row["model"], row["platform"], row["prompt_len"], row["chunk"]) == \
                 ("phi-3.5-moe", POINT["platform"], POINT["prompt_len"], POINT["chunk"]) and \
                 row["variant"] in ("naive-npu", "npumoe"):
-            breakdown[row["variant"]] = _ffn_and_scatter_ms(res.events)
+            breakdown[row["variant"]] = _ffn_and_scatter_ms(res)
+            if draws and hasattr(res, "stream"):
+                if row["platform"] not in drawn:
+                    drawn[row["platform"]] = parameter_draws(res.platform, draws, seed)
+                bdraws[row["variant"]] = _breakdown_draws(res, drawn[row["platform"]])
     df = pd.DataFrame(rows)
     table = pd.DataFrame([dict(quantity=k, paper=p, modeled=m, ratio=m / p if p else math.nan, timing_source="modeled")
                           for k, (p, m) in quantities(df, breakdown).items()])
+    if draws and metrics and all(m is not None for m in metrics):
+        table = _intervals(df, metrics, bdraws, table)
     sens = pd.DataFrame()
     if sensitivity:
         table, sens = _with_sensitivity(table, routing, seed, grid["geometry"])
@@ -115,7 +160,7 @@ def _with_sensitivity(table: pd.DataFrame, routing: str, seed: int, geometry: st
         for c in by_hash[row["platform_hash"]]:
             per_case.setdefault(c["case"], []).append(row)
             if row["model"] == "phi-3.5-moe" and row["variant"] in ("naive-npu", "npumoe"):
-                breakdown.setdefault(c["case"], {})[row["variant"]] = _ffn_and_scatter_ms(res.events)
+                breakdown.setdefault(c["case"], {})[row["variant"]] = _ffn_and_scatter_ms(res)
     values = {case: quantities(pd.DataFrame(r), breakdown.get(case, {})) for case, r in per_case.items()}
     base = values["baseline"]
     top = {}
@@ -162,10 +207,14 @@ def side_by_side(sourced: pd.DataFrame, fitted: pd.DataFrame, fits: dict) -> str
 def markdown(table: pd.DataFrame, sens: pd.DataFrame, routing: str) -> str:
     lines = [f"# The device model against the paper (every modeled value from the unfitted platforms; routing "
              f"`{routing}`)", "", __doc__.split("\n\n", 1)[1].strip(), "",
-             "| quantity | paper | modeled | modeled / paper | most sensitive to |", "|---|---:|---:|---:|---|"]
+             "| quantity | paper | modeled | 90 % interval | P(within 0.8-1.25x) | modeled / paper | most sensitive to |",
+             "|---|---:|---:|---:|---:|---:|---|"]
     for r in table.itertuples():
-        lines.append(f"| {r.quantity} | {r.paper:.4g} | {r.modeled:.4g} | {r.ratio:.2f} | "
-                     f"{getattr(r, 'most_sensitive_to', '-')} |")
+        lo, hi, pw = getattr(r, "modeled_lo", math.nan), getattr(r, "modeled_hi", math.nan), \
+            getattr(r, "p_within_25pct", math.nan)
+        lines.append(f"| {r.quantity} | {r.paper:.4g} | {r.modeled:.4g} | "
+                     f"{'-' if math.isnan(lo) else f'{lo:.4g}-{hi:.4g}'} | {'-' if math.isnan(pw) else f'{pw:.0%}'} | "
+                     f"{r.ratio:.2f} | {getattr(r, 'most_sensitive_to', '-')} |")
     off = table[(table.ratio < 0.5) | (table.ratio > 2)]
     lines += ["", f"Within 0.8-1.25x of the paper: {int(((table.ratio >= 0.8) & (table.ratio <= 1.25)).sum())} of "
               f"{len(table)}; off by more than 2x: {len(off)} ("

@@ -110,6 +110,8 @@ class PopularityRouting:
     top_k: int = 1                               # experts per token (for the Gini before any run is sampled)
     _gini: dict = field(default_factory=dict, repr=False)       # layer -> Gini of the last sampled run's counts
     _profiles: dict = field(default_factory=dict, repr=False)   # (chunk, seed) -> sampled calibration profile
+    _sampled: dict = field(default_factory=dict, repr=False)    # last run draws: (generator, chunks, counts)
+    _calib_draws: dict = field(default_factory=dict, repr=False)   # (tokens, seed) -> [idx per layer]
 
     def gini(self) -> float:
         """Mean over layers of the Gini of the run's sampled per-expert counts (what the simulation sees); before
@@ -119,18 +121,28 @@ class PopularityRouting:
         return float(np.mean([self._gini[layer] for layer in sorted(self._gini)]))
 
     def chunks(self, specs, prompt_len: int, chunk: int, seed: int = 0):
-        """[chunk index] -> {layer: (top_k_index [chunk, K], top_k_weights [chunk, K], norms [chunk])}."""
-        g = np.random.default_rng(seed + 1)
-        out, counts = [], {s.layer: np.zeros(s.n_experts) for s in specs}
-        for _ in range(math.ceil(prompt_len / chunk)):
-            per_layer = {}
+        """[chunk index] -> {layer: (top_k_index [chunk, K], top_k_weights [chunk, K], norms [chunk])}.
+        Chunks are drawn in order from one generator, so a shorter prompt's chunks are a longer one's first chunks:
+        the last draw is kept and extended (a grid of prompt lengths samples the longest once)."""
+        key = (tuple(s.layer for s in specs), chunk, seed)
+        kept = self._sampled.get(key)
+        if kept is None:
+            if len(self._sampled) >= 4:          # the last few draws (one per chunk size of a grid), bounded
+                self._sampled.pop(next(iter(self._sampled)))
+            kept = self._sampled[key] = (np.random.default_rng(seed + 1), [], [])
+        g, out, per_chunk = kept
+        while len(out) < math.ceil(prompt_len / chunk):
+            per_layer, counts = {}, {}
             for s in specs:
                 idx, w = sample_routing(self.run[s.layer], chunk, s.top_k, g)
                 per_layer[s.layer] = (idx, w, torch.ones(chunk))
-                counts[s.layer] += np.bincount(idx.reshape(-1).numpy(), minlength=s.n_experts)
+                counts[s.layer] = np.bincount(idx.reshape(-1).numpy(), minlength=s.n_experts)
             out.append(per_layer)
-        self._gini = {layer: gini(c) for layer, c in counts.items()}
-        return out
+            per_chunk.append(counts)
+        n = math.ceil(prompt_len / chunk)
+        self._gini = {s.layer: gini(np.sum([c[s.layer] for c in per_chunk[:n]], axis=0, dtype=float))
+                      for s in specs}
+        return out[:n]
 
     def calibration_profile(self, specs, chunk: int, seed: int = 0) -> CalibrationProfile:
         """The profile plans are built from: the real one at its own chunk, else chunks sampled from the
@@ -142,11 +154,17 @@ class PopularityRouting:
         g = np.random.default_rng(seed)
         rows, matrices = [], {}
         n_chunks = max(MIN_CALIBRATION_CHUNKS, CALIBRATION_TOKENS // chunk)
-        for s in specs:
-            idx = sample_routing(self.calibration[s.layer], chunk * n_chunks, s.top_k, g)[0].numpy()
+        # the same token count from the same seed draws the same tokens: chunk sizes of 256..1024 share one draw
+        dkey = (tuple(s.layer for s in specs), chunk * n_chunks, seed)
+        draws = self._calib_draws.get(dkey)
+        if draws is None:                   # only the last draw is kept (a sweep over seeds stays bounded)
+            self._calib_draws = {}
+            draws = self._calib_draws[dkey] = [sample_routing(self.calibration[s.layer], chunk * n_chunks, s.top_k,
+                                                              g)[0].numpy() for s in specs]
+        for s, idx in zip(specs, draws):
             chunk_of = np.repeat(np.arange(n_chunks), chunk * s.top_k)
-            m = np.zeros((s.n_experts, n_chunks), dtype=np.int64)
-            np.add.at(m, (idx.reshape(-1), chunk_of), 1)
+            m = np.bincount(idx.reshape(-1) * n_chunks + chunk_of, minlength=s.n_experts * n_chunks)
+            m = m.reshape(s.n_experts, n_chunks).astype(np.int64)
             matrices[s.layer] = m
             rows.append(pd.DataFrame({"layer": s.layer, "expert": np.repeat(np.arange(s.n_experts), m.shape[1]),
                                       "chunk_id": np.tile(np.arange(m.shape[1]), s.n_experts),

@@ -4,13 +4,19 @@ geometry x routing x platform x variant x prompt length x chunk -> result rows i
 columns as `npumoe-lab run`, plus `geometry`, `routing_source`, `routing_gini` and `numerics_source = none` (no
 score columns: nothing is computed). Every variant's plan is built as `run` builds it (`plan.variant_plan` on the
 routing source's calibration profile, the same knobs), and every timeline comes from the engine's own op records
-(`replay.replay_prefill`). Times, energies and cycles are modeled (the platform's cost model); drop and padding
-rates are the plans' capacities against the sampled per-chunk counts.
+(`replay.replay_prefill`), or, by default, from the same ops built as arrays (`stream.build_stream`, scheduled and
+priced by `array_replay`; a test holds both equal): `engine="ops"` (and `--timeline`) takes the per-op path. Times,
+energies and cycles are modeled (the platform's cost model); drop and padding rates are the plans' capacities
+against the sampled per-chunk counts. `draws=N` adds the 90 % interval of ttft_s, energy_per_token_mj and cpu_cycles
+(`_lo` / `_hi`) over N parameter draws (`pricing.parameter_draws`: the platform's posterior, else a prior), the same
+stream priced once per draw set.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -28,10 +34,23 @@ from npumoe_lab.execution.timeline import to_frame
 from npumoe_lab.utils import progress, provenance
 from npumoe_lab.planning.variants import parse_variants
 from npumoe_lab.sim.geometries import load_geometry
+from npumoe_lab.sim.array_replay import interval_columns, stream_metrics, summarize_stream
+from npumoe_lab.sim.pricing import array_priced, draws_source, parameter_draws
 from npumoe_lab.sim.replay import replay_prefill
+from npumoe_lab.sim.stream import build_stream, routing_counts
 from npumoe_lab.sim.routing import parse_routing
 
 WEIGHT_FORMATS = {"fp16": {}, "int8": {"npu_weight_bytes": "int8"}}   # -> platform override of the NPU's weights
+ENGINES = ("array", "ops")        # op streams as arrays (default) | the per-op replay (reference, timelines)
+
+
+@dataclass
+class StreamResult:
+    """One simulated prefill on the array path: its op stream and summary (no per-op events)."""
+    stream: object                   # stream.OpStream
+    platform: object
+    summary: dict
+    draws: dict | None = None        # {metric: (D,) array} under the parameter draws (array_replay.stream_metrics)
 
 
 def _list(value, cast=str) -> list:
@@ -42,21 +61,49 @@ def _list(value, cast=str) -> list:
         raise NpuMoeError(f"{value!r} is not a comma list of {cast.__name__}s") from None
 
 
-def variant_executor(variant, specs, profile, platform, knobs: dict):
-    """(executor or None for HF's experts, plan or None) of a variant, built exactly as `run` builds it."""
+def variant_executor(variant, specs, profile, platform, knobs: dict, memo: dict | None = None):
+    """(executor or None for HF's experts, plan or None) of a variant, built exactly as `run` builds it. `memo`:
+    a dict shared by the calls of one simulation, so that variants whose plans are the same (npumoe and
+    npumoe-spill: they differ in the executor only) build and compile it once."""
     if variant.experts == "hf":
         return None, None
     if variant.experts == "dynamic":
-        return PlanExecutor(ExecutionLayout.dropless(specs), [], cold="dynamic"), None
-    plan = variant_plan(profile, variant.name, specs, platform, PlanKnobs.given(knobs))
-    return PlanExecutor(plan, [], spill=variant.spill), plan
+        return PlanExecutor(_dropless(tuple(specs)), [], cold="dynamic"), None
+    given = PlanKnobs.given(knobs)
+    key = (id(profile), id(platform), tuple(sorted({**given, **variant.plan_overrides}.items(), key=str)))
+    if memo is None or key not in memo:
+        plan = variant_plan(profile, variant.name, specs, platform, given)
+        built = (plan, plan.compile())
+        if memo is not None:
+            memo[key] = built
+    plan, layout = memo[key] if memo is not None else built
+    return PlanExecutor(layout, [], spill=variant.spill), plan
 
 
-def _by_layout(variant, specs, profile, plats, knobs) -> list:
+def _routing_source(routing, specs: tuple, seed: int):
+    """The routing source of a spec: a string spec's source is kept for the next calls of this process (a sweep's
+    cells: the synthetic popularity's fit, the calibration draws and profiles are the same for the same spec)."""
+    if not isinstance(routing, str):
+        return parse_routing(routing, list(specs), seed)
+    return _cached_source(routing, specs, seed)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_source(routing: str, specs: tuple, seed: int):
+    return parse_routing(routing, list(specs), seed)
+
+
+@functools.lru_cache(maxsize=16)
+def _dropless(specs: tuple) -> ExecutionLayout:
+    """The dynamic dropless layout of a geometry (the same for every chunk and platform: built once)."""
+    return ExecutionLayout.dropless(specs)
+
+
+def _by_layout(variant, specs, profile, plats, knobs, memo=None) -> list:
     """[(executor, [(platform, plan), ...]), ...]: one executor per distinct layout of the variant's plans."""
     groups = {}
     for plat in plats:
-        executor, plan = variant_executor(variant, specs, profile, plat, knobs)
+        executor, plan = variant_executor(variant, specs, profile, plat, knobs, memo)
         # one op stream for platforms with the same layout and the same stored NPU weight size (op bytes follow it)
         key = (executor.layout.layers if executor is not None else None, getattr(plat.npu, "weight_bytes", None))
         groups.setdefault(key, (executor, []))[1].append((plat, plan))
@@ -72,14 +119,23 @@ def _row(name, src, v, plat, plan, t, c, weights, summary, prov, knobs) -> dict:
                 **knob_columns(knobs))
 
 
+def _priced(stream, platform, draws) -> StreamResult:
+    """The stream's summary on `platform`, with its metrics under the parameter draws and their 90 % interval."""
+    summary = summarize_stream(stream, platform)
+    if draws is None:
+        return StreamResult(stream, platform, summary)
+    metrics = stream_metrics(stream, draws, platform.npu_shares_cpu)
+    return StreamResult(stream, platform, {**summary, **interval_columns(metrics)}, metrics)
+
+
 def simulate(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="m2-max", variants="all",
              prompt_len=1024, chunk=512, weights: str = "fp16", seed: int = 0, out=None, timeline: bool = False,
-             **plan_knobs) -> pd.DataFrame:
+             draws: int = 0, engine: str = "array", **plan_knobs) -> pd.DataFrame:
     """Simulate every combination; returns (and writes to `out`) one row per (geometry, platform, variant,
     prompt length, chunk). Comma lists or lists for geometry, platforms (names or Platform objects, e.g. with
     overrides), variants, prompt_len and chunk."""
     df, timelines = simulate_with_timelines(geometry, routing, platforms, variants, prompt_len, chunk, weights, seed,
-                                            timeline, **plan_knobs)
+                                            timeline, draws=draws, engine=engine, **plan_knobs)
     if out is not None:
         save_simulation(df, timelines, out)
     return df
@@ -87,11 +143,11 @@ def simulate(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="
 
 def simulate_with_timelines(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="m2-max",
                             variants="all", prompt_len=1024, chunk=512, weights: str = "fp16", seed: int = 0,
-                            timeline: bool = False, **plan_knobs):
+                            timeline: bool = False, draws: int = 0, engine: str = "array", **plan_knobs):
     """(rows, the per-op timelines or None): simulate() without writing (the CLI prints before it writes)."""
     rows, frames = [], []
     for row, res in iter_simulation(geometry, routing, platforms, variants, prompt_len, chunk, weights, seed,
-                                    **plan_knobs):
+                                    draws=draws, engine="ops" if timeline else engine, **plan_knobs):
         rows.append(row)
         if timeline:
             frames.append(to_frame(res.events).assign(variant=row["variant"], platform=row["platform"],
@@ -109,9 +165,14 @@ def save_simulation(df: pd.DataFrame, timelines, out) -> list[Path]:
 
 
 def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=1024, chunk=512, weights="fp16",
-                    seed=0, **plan_knobs):
-    """(row, PrefillResult with its scheduled events) per combination; everything is checked before the first."""
+                    seed=0, draws: int = 0, engine: str = "array", **plan_knobs):
+    """(row, result) per combination; everything is checked before the first. result: engine "ops" a
+    PrefillResult with its scheduled events; "array" a StreamResult (op stream + summary)."""
     PlanKnobs.check_names(plan_knobs)
+    if engine not in ENGINES:
+        raise NpuMoeError(f"engine {engine!r}: use one of {', '.join(ENGINES)}")
+    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 0:
+        raise NpuMoeError(f"--draws {draws!r}: give a whole number of parameter draws >= 0 (0: no interval)")
     if weights not in WEIGHT_FORMATS:
         raise NpuMoeError(f"--weights {weights!r}: use one of {', '.join(WEIGHT_FORMATS)}")
     geos = [load_geometry(g) for g in _list(geometry)]
@@ -127,7 +188,11 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
         check_lengths(t, c)
         check_context(geo.context, c, f"--chunk {c} for geometry {name}")
         check_context(geo.context, t, f"--prompt-len {t} for geometry {name}")
-    sources = {name: parse_routing(routing, list(geo.moe), seed) for name, _, geo in geos}   # all checked first
+    sources = {name: _routing_source(routing, tuple(geo.moe), seed) for name, _, geo in geos}   # all checked first
+    if not all(array_priced(p) for p in plats):      # a graph-level NPU: the per-op engine prices it, no interval
+        engine, draws = "ops", 0
+    drawn = {id(p): parameter_draws(p, draws, seed) for p in plats} if draws else {}
+    extra = lambda p: dict(interval_draws=draws, interval_source=draws_source(p)) if draws else {}   # noqa: E731
     prov = provenance()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)      # thousands of tiny routing ops: a thread pool only adds hand-off cost
@@ -138,17 +203,32 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
             for c in chunks:
                 profile = src.calibration_profile(specs, c, seed)
                 # per variant: platforms whose plans have the same layout share one op stream, priced on each
-                built = {v.name: _by_layout(v, specs, profile, plats, plan_knobs) for v in vlist}
+                memo = {}
+                built = {v.name: _by_layout(v, specs, profile, plats, plan_knobs, memo) for v in vlist}
                 for t in prompts:
                     routed = src.chunks(specs, t, c, seed)
+                    counts = routing_counts(routed, specs, t, c) if engine == "array" or draws else None
                     for v in vlist:
                         for executor, members in built[v.name]:
                             configs = [PrefillConfig(p, c, attention=v.attention) for p, _ in members]
-                            results = replay_prefill(geo, executor, configs[0], routed, t, also_on=configs[1:])
+                            if engine == "array":
+                                stream = build_stream(geo, executor, counts, attention=v.attention,
+                                                      dtype_bytes=configs[0].dtype_bytes,
+                                                      npu_weight_bytes=configs[0].npu_weight_bytes)
+                                results = [_priced(stream, p, drawn.get(id(p))) for p, _ in members]
+                            else:
+                                results = replay_prefill(geo, executor, configs[0], routed, t, also_on=configs[1:])
+                                if draws:     # the interval from the same ops as arrays (a test holds them equal)
+                                    stream = build_stream(geo, executor, counts, attention=v.attention,
+                                                          dtype_bytes=configs[0].dtype_bytes,
+                                                          npu_weight_bytes=configs[0].npu_weight_bytes)
+                                    for res, (p, _) in zip(results, members):
+                                        res.summary.update(interval_columns(stream_metrics(
+                                            stream, drawn[id(p)], p.npu_shares_cpu)))
                             for (plat, plan), res in zip(members, results):
                                 bar.update(1)
-                                yield _row(name, src, v, plat, plan, t, c, weights, res.summary, prov,
-                                           plan_knobs), res
+                                yield _row(name, src, v, plat, plan, t, c, weights, {**res.summary, **extra(plat)},
+                                           prov, plan_knobs), res
     finally:
         bar.close()
         torch.set_num_threads(threads)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
 from npumoe_lab.devices import get_platform
@@ -70,9 +71,23 @@ def score(rows: pd.DataFrame) -> dict:
     return out
 
 
+def holds_probability(rows: list, draws: list) -> dict:
+    """Conclusion -> share of the parameter draws under which it holds: `score` recomputed per draw on the rows of
+    one case (`draws[i]`: row i's {metric: (D,) array})."""
+    D = len(next(iter(draws[0].values())))
+    metrics = ("ttft_s", "energy_per_token_mj", "cpu_cycles")
+    held = {}
+    for d in range(D):
+        g = pd.DataFrame(rows).assign(**{m: [x[m][d] for x in draws] for m in metrics})
+        for conclusion, ratio in score(g).items():
+            held.setdefault(conclusion, []).append(ratio > 1)
+    return {c: float(np.mean(v)) for c, v in held.items()}
+
+
 def run_sensitivity(geometry="qwen3-30b-a3b", platform="m2-max", routing="synthetic:gini=0.6", prompt_len=1024,
-                    chunk=512, weights="fp16", seed=0) -> pd.DataFrame:
-    """One row per (case, conclusion): ratio, holds, flips (vs the baseline case)."""
+                    chunk=512, weights="fp16", seed=0, draws: int = 0) -> pd.DataFrame:
+    """One row per (case, conclusion): ratio, holds, flips (vs the baseline case); with `draws`, the baseline rows'
+    p_holds = the share of parameter draws (the platform's posterior, else the sourced prior) under which it holds."""
     if weights not in WEIGHT_FORMATS:
         raise NpuMoeError(f"--weights {weights!r}: use one of {', '.join(WEIGHT_FORMATS)}")
     cs = cases(platform, WEIGHT_FORMATS[weights])
@@ -82,6 +97,12 @@ def run_sensitivity(geometry="qwen3-30b-a3b", platform="m2-max", routing="synthe
     rows = [row for row, _ in iter_simulation(geometry, routing, [c["platform"] for c in cs], VARIANTS, prompt_len,
                                               chunk, weights, seed)]
     df = pd.DataFrame(rows)
+    p_holds = {}
+    if draws:      # the baseline platform under its parameter draws (a graph-level NPU has none: no probability)
+        base = list(iter_simulation(geometry, routing, [cs[0]["platform"]], VARIANTS, prompt_len, chunk, weights,
+                                    seed, draws=draws))
+        if base and all(getattr(res, "draws", None) is not None for _, res in base):
+            p_holds = holds_probability([row for row, _ in base], [res.draws for _, res in base])
     out = []
     for h, g in df.groupby("platform_hash", sort=False):
         for c in by_hash[h]:
@@ -90,6 +111,9 @@ def run_sensitivity(geometry="qwen3-30b-a3b", platform="m2-max", routing="synthe
                                 case=c["case"], knob=c["knob"], alternative=c["label"], value=c["value"],
                                 conclusion=conclusion, ratio=ratio, holds=bool(ratio > 1), timing_source="modeled"))
     res = pd.DataFrame(out)
+    if p_holds:
+        res["p_holds"] = [p_holds.get(c, np.nan) if case == "baseline" else np.nan
+                          for case, c in zip(res.case, res.conclusion)]
     base = res[res.case == "baseline"].set_index("conclusion").holds
     return res.assign(flips=res.holds != res.conclusion.map(base))
 
@@ -100,8 +124,11 @@ def report(res: pd.DataFrame) -> str:
     for conclusion, g in res.groupby("conclusion", sort=False):
         base = g[g.case == "baseline"].iloc[0]
         flips = g[g.flips]
+        prob = getattr(base, "p_holds", np.nan)
         lines.append(f"- **{conclusion}**: {'holds' if base.holds else 'does NOT hold'} at the platform's values "
-                     f"(ratio {base.ratio:.2f}, modeled); over the alternatives the ratio spans "
+                     f"(ratio {base.ratio:.2f}, modeled"
+                     + ("" if pd.isna(prob) else f"; holds under {prob:.0%} of the parameter draws")
+                     + "); over the alternatives the ratio spans "
                      f"{g.ratio.min():.2f}-{g.ratio.max():.2f}. "
                      + ("Flipped by: " + ", ".join(f"{r.case} ({r.ratio:.2f})" for r in flips.itertuples())
                         if len(flips) else "No single alternative or corner flips it."))

@@ -2,8 +2,9 @@
 
 `PlanLab` holds what does not change while knobs move (layer specs, geometry, calibration, the routing of one
 prompt) and turns `Knobs` into an `Evaluation`: the npumoe plan built as `run`/`simulate` build it
-(`plan.variant_plan`), timed by replaying the prompt's routing on the same engine (`sim.replay.replay_prefill`,
-no numerics, modeled platform), next to the baselines (cpu-only, anemll, naive-npu, npumoe-base at default knobs;
+(`plan.variant_plan`), timed on the prompt's routing as an op stream of arrays (`sim.stream.build_stream`, the
+per-op replay's numbers: a test holds them equal; no numerics, modeled platform; the timeline panel's events are
+rebuilt from the stream only when it is drawn), next to the baselines (cpu-only, anemll, naive-npu, npumoe-base at default knobs;
 cached per platform and chunk). No model forward per knob move: that is what keeps an update well under a second.
 
 Routing of the prompt: for a model, recorded in one dropless prefill per chunk size (cached; a plan that drops
@@ -13,6 +14,7 @@ sampled from the profile's per-expert popularity (said in `Evaluation.calibratio
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field, replace
 
@@ -31,9 +33,10 @@ from npumoe_lab.planning.plan import variant_plan
 from npumoe_lab.execution.routing import RoutingRecorder
 from npumoe_lab.execution.runtime import PrefillConfig, chunked_prefill, run_prefill
 from npumoe_lab.sim.geometries import list_geometries, load_geometry
-from npumoe_lab.sim.replay import replay_prefill
+from npumoe_lab.sim.array_replay import stream_events, summarize_stream
 from npumoe_lab.sim.routing import PopularityRouting, parse_routing
 from npumoe_lab.sim.run import variant_executor
+from npumoe_lab.sim.stream import build_stream, routing_counts
 from npumoe_lab.planning.variants import get_variant
 from npumoe_lab.workloads import get_workload
 
@@ -66,12 +69,31 @@ class Knobs:
                          residency=self.residency, hot_threshold=thr)
 
 
+class StreamResult:
+    """A simulated prefill on the array path: its summary, and its per-op events built when first asked for."""
+
+    def __init__(self, stream, platform):
+        self.stream, self.platform = stream, platform
+        self.summary = summarize_stream(stream, platform)
+
+    @functools.cached_property
+    def events(self) -> list:
+        return stream_events(self.stream, self.platform)
+
+
+def _stream(geometry, executor, counts, platform, attention: str):
+    config = PrefillConfig(platform, counts.chunk, attention=attention)
+    stream = build_stream(geometry, executor, counts, attention=attention, dtype_bytes=config.dtype_bytes,
+                          npu_weight_bytes=config.npu_weight_bytes)
+    return StreamResult(stream, config.platform)
+
+
 @dataclass
 class Evaluation:
     knobs: Knobs
     plan: object                     # plan.Plan
     profile: object                  # the CalibrationProfile the plan was built from
-    result: object                   # runtime.PrefillResult of the replay (modeled events, summary)
+    result: object                   # StreamResult: .summary now, .events (scheduled) when first read
     baselines: dict                  # variant -> summary (default knobs)
     calibration: str                 # where the plan's calibration came from
     seconds: float = 0.0             # wall time of this evaluation
@@ -88,6 +110,8 @@ class PlanLab:
     prompt_ids: object = None        # torch [1, T]
     seed: int = 0
     _routing: dict = field(default_factory=dict)
+    _counts: dict = field(default_factory=dict)
+    _platforms: dict = field(default_factory=dict)
     _profiles: dict = field(default_factory=dict)
     _baselines: dict = field(default_factory=dict)
     _reference: dict = field(default_factory=dict)
@@ -117,6 +141,20 @@ class PlanLab:
                 self._routing[chunk] = self.source.chunks(self.specs, self.prompt_len, chunk, self.seed)
         return self._routing[chunk]
 
+    def counts_at(self, chunk: int):
+        """The prompt's routing at this chunk as per-(chunk, layer) expert counts (stream.routing_counts), once."""
+        if chunk not in self._counts:
+            self._counts[chunk] = routing_counts(self.routing_at(chunk), self.specs, self.prompt_len, chunk)
+        return self._counts[chunk]
+
+    def _platform(self, name: str):
+        """The Platform object of a name, loaded once (its plans and streams are priced on the same object)."""
+        if not isinstance(name, str):
+            return name
+        if name not in self._platforms:
+            self._platforms[name] = as_platform(name)
+        return self._platforms[name]
+
     @property
     def routing_label(self) -> str:
         if self.model is not None:
@@ -142,11 +180,9 @@ class PlanLab:
     def evaluate(self, knobs: Knobs) -> Evaluation:
         t0 = time.perf_counter()
         self._check(knobs)
-        platform = as_platform(knobs.platform)
+        platform = self._platform(knobs.platform)
         plan = self.plan(knobs, platform)
-        config = PrefillConfig(platform, knobs.chunk, attention="npu")
-        res = replay_prefill(self.geometry, PlanExecutor(plan, []), config, self.routing_at(knobs.chunk),
-                             self.prompt_len)[0]
+        res = _stream(self.geometry, PlanExecutor(plan, []), self.counts_at(knobs.chunk), platform, "npu")
         profile, what = self.profile_at(knobs.chunk)
         return Evaluation(knobs, plan, profile, res, self.baselines(knobs.platform, knobs.chunk), what,
                           time.perf_counter() - t0)
@@ -156,12 +192,11 @@ class PlanLab:
         key = (platform, chunk)
         if key not in self._baselines:
             profile, _ = self.profile_at(chunk)
-            platform, out = as_platform(platform), {}
+            plat, out = self._platform(platform), {}
             for name in (*BASELINES, "npumoe"):
                 v = get_variant(name)
-                executor, _ = variant_executor(v, self.specs, profile, platform, {})
-                config = PrefillConfig(platform, chunk, attention=v.attention)
-                res = replay_prefill(self.geometry, executor, config, self.routing_at(chunk), self.prompt_len)[0]
+                executor, _ = variant_executor(v, self.specs, profile, plat, {})
+                res = _stream(self.geometry, executor, self.counts_at(chunk), plat, v.attention)
                 out["npumoe (default knobs)" if name == "npumoe" else name] = res.summary
             self._baselines[key] = out
         return self._baselines[key]

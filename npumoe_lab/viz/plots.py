@@ -221,8 +221,9 @@ def make_all_figures(results_dir, out_dir, log=None, dpi: int = 200) -> list[Pat
 
 
 def _ci_columns(sub, metric):
-    if metric != "accuracy_delta":
-        return None
+    if metric != "accuracy_delta":      # modeled metrics: the 90 % interval over parameter draws, when the rows have it
+        lo, hi = f"{metric}_lo", f"{metric}_hi"
+        return (lo, hi) if lo in sub.columns and hi in sub.columns and sub[lo].notna().any() else None
     for lo, hi in (("accuracy_exact_low", "accuracy_exact_high"), ("accuracy_ci_low", "accuracy_ci_high")):
         if lo in sub.columns and hi in sub.columns and sub[lo].notna().any():
             return lo, hi
@@ -234,7 +235,8 @@ def _y_label(sub, metric, ci) -> str:
     if metric == "accuracy_delta" and "score_name" in sub.columns and (sub["score_name"] == "nll").all():
         label = "NLL delta vs reference (nats/token)"
     if ci:
-        label += "\n" + ("exact 95% bounds (Clopper-Pearson)" if ci[0] == "accuracy_exact_low" else "bootstrap 95% CI")
+        label += "\n" + ("exact 95% bounds (Clopper-Pearson)" if ci[0] == "accuracy_exact_low" else
+                         "bootstrap 95% CI" if ci[0] == "accuracy_ci_low" else "90% interval (parameter draws)")
     return label
 
 

@@ -142,3 +142,25 @@ def test_simulate_sweep_cells_write_rows_and_resume(tmp_path):
     spec.write_text("kind: simulate\nparameters: {geometri: phi-tiny-moe}\ngrid: {chunk: [256]}\n")
     with pytest.raises(NpuMoeError, match="'geometri' in sweep .* are not arguments of npumoe_lab.simulate"):
         run_sweep(spec, tmp_path / "out2")
+
+
+def test_the_ten_thousand_plan_sweep_and_its_small_fixture(tmp_path):
+    """sweeps/simulate_10k.yaml spans >= 10,000 plans over the issue's dimensions; its small fixture runs, each
+    cell's rows carry the cell's knobs, one row per chunk x platform."""
+    repo = Path(__file__).resolve().parents[2]
+    big = load_spec(repo / "sweeps" / "simulate_10k.yaml")
+    per_cell = len(big.parameters["chunk"].split(",")) * len(big.parameters["platforms"].split(","))
+    assert big.kind == "simulate" and len(big.cells()) * per_cell >= 10_000
+    assert {"routing", "group_size", "tiers", "percentile", "residency"} <= set(big.grid)
+    report = run_sweep(repo / "sweeps" / "simulate_small.yaml", tmp_path)
+    assert len(report.done) == 4 and not report.failed
+    dask = run_sweep(repo / "sweeps" / "simulate_small.yaml", tmp_path / "dask", executor="dask")   # unchanged
+    assert len(dask.done) == 4 and not dask.failed
+    df = load_results(tmp_path / "cells")
+    assert len(df) == 4 * per_cell
+    assert set(zip(df.group_size, df.n_tiers)) == {(4, 2), (4, 3), (8, 2), (8, 3)}
+    assert df.groupby(["group_size", "n_tiers"]).size().eq(per_cell).all()
+    keys, values = ["group_size", "n_tiers", "platform", "chunk"], ["ttft_s", "energy_per_token_mj", "drop_rate"]
+    on_dask = load_results(tmp_path / "dask").sort_values(keys)
+    assert (on_dask[keys].to_numpy() == df.sort_values(keys)[keys].to_numpy()).all()
+    np.testing.assert_array_equal(on_dask[values].to_numpy(float), df.sort_values(keys)[values].to_numpy(float))

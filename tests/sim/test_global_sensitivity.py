@@ -16,7 +16,7 @@ FIT = "data/fits/m2-max-fit.yaml"
 def streams():
     base = get_platform("m2-max")
     return {r["variant"]: res for r, res in iter_simulation("phi-tiny-moe", "synthetic:gini=0.6", [base],
-                                                              "cpu-only,npumoe,naive-npu", 512, 256)}
+                                                              "cpu-only,npumoe,naive-npu", 512, 256, engine="ops")}
 
 
 @pytest.mark.parametrize("spec", ["m2-max[npu_dispatch_s=3e-4]", "m2-ultra", FIT])

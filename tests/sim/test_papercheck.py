@@ -65,3 +65,31 @@ def test_paper_check_quantities_follow_the_simulated_rows():
     assert q.at["npumoe padding, highest (%)", "modeled"] == pytest.approx(100 * npu.pad_rate.max())
     text = markdown(table, sens, "synthetic:gini=0.6")
     assert "| headline latency vs baselines, lowest (x) | 1.32 |" in text and "modeled" in text
+
+
+def test_paper_check_intervals_recompute_each_quantity_per_draw():
+    """Each quantity's interval = percentiles over draws of the quantity recomputed from that draw's rows."""
+    from npumoe_lab.sim.run import iter_simulation
+    grid = dict(geometry="phi-tiny-moe", platforms="m2-max", prompt_len="512", chunk="256")
+    table, _, _ = paper_check(sensitivity=False, grid=grid, draws=40)
+    q = table.set_index("quantity")
+    runs = list(iter_simulation("phi-tiny-moe", "synthetic:gini=0.6", "m2-max", "all", 512, 256, draws=40))
+    t = {row["variant"]: res.draws["ttft_s"] for row, res in runs}
+    lowest = np.min([t[b] / t["npumoe"] for b in ("cpu-only", "naive-npu", "anemll")], axis=0)
+    name = "headline latency vs baselines, lowest (x)"
+    assert q.at[name, "modeled_lo"] == pytest.approx(np.percentile(lowest, 5), rel=1e-9)
+    assert q.at[name, "modeled_hi"] == pytest.approx(np.percentile(lowest, 95), rel=1e-9)
+    assert q.at[name, "p_within_25pct"] == pytest.approx(np.mean((lowest / 1.32 >= 0.8) & (lowest / 1.32 <= 1.25)))
+    assert (table.modeled_lo <= table.modeled_hi).all()
+
+
+def test_sensitivity_probability_a_conclusion_holds_is_the_share_of_draws():
+    from npumoe_lab.sim.run import iter_simulation
+    res = run_sensitivity(SMALL["geometry"], "m2-max", prompt_len=SMALL["prompt_len"], chunk=SMALL["chunk"], draws=50)
+    base = res[res.case == "baseline"].set_index("conclusion")
+    runs = [(row, r) for row, r in iter_simulation(SMALL["geometry"], "synthetic:gini=0.6", "m2-max", "cpu-only,npumoe",
+                                                   SMALL["prompt_len"], SMALL["chunk"], draws=50)]
+    t = {row["variant"]: r.draws["ttft_s"] for row, r in runs}
+    expect = np.mean(t["cpu-only"] / t["npumoe"] > 1)
+    assert base.at["npumoe faster than cpu-only", "p_holds"] == pytest.approx(expect)
+    assert res[res.case != "baseline"].p_holds.isna().all()

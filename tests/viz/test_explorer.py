@@ -90,8 +90,16 @@ def test_explorer_app_updates_from_code_and_draws_panels(tiny_lab):
     for kw in (dict(tiers=2), dict(percentile=70.0), dict(group_size=4), dict(hot_scale=2.0)):
         app.set(**kw)
         times.append(app.last_update_s)
-    # the issue's budget: each update < 1 s on the bundled model (median, so one scheduler hiccup is not a failure)
+    # the issue's budget: each update < 1 s on the bundled model (median, so one scheduler hiccup is not a failure);
+    # issue 30's 100 ms is measured by bench/explorer_update.py (a shared host's timing is no test)
     assert statistics.median(times) < 1.0, times
+    panel = app._baselines               # updated in place: the same figure, its bars set to the new values
+    fig = panel.fig
+    app.set(tiers=3)
+    assert panel.fig is fig
+    cur = app.evaluation.result.summary
+    assert fig.axes[0].patches[0].get_width() == pytest.approx(1e3 * cur["ttft_s"], rel=1e-12)
+    assert fig.axes[4].patches[0].get_width() == pytest.approx(100 * cur["pad_rate"], rel=1e-12, abs=1e-12)
     for i, name in enumerate(PANELS):                       # every tab draws a PNG for the current plan
         app.tabs.selected_index = i
         assert app.images[name].value[:8] == b"\x89PNG\r\n\x1a\n" and name not in app._stale
