@@ -4,7 +4,9 @@ Built from a CalibrationProfile (`build_plan`), stored as versioned, hashed JSON
 Variants (variants.py) are plans built with forced knobs: `variant_plan(profile, "npumoe-tg", **plan.build_kwargs())`
 rebuilds any variant from the same profile and knobs (npumoe-base: uniform capacity, G=1, all resident;
 npumoe-t: tiers, G=1, all resident; npumoe-tg: tiers + groups, all resident; npumoe: + residency;
-naive-npu: max observed capacity per expert, G=1, all resident).
+naive-npu: max observed capacity per expert, G=1, all resident). With a platform, npumoe's residency is
+the `makespan` rule, so the same variant name gives different plans on different platforms (rows say it:
+n_npu_groups, n_cpu_groups, npu_expert_flop_share).
 """
 from __future__ import annotations
 
@@ -201,7 +203,8 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", **knobs) -> Plan
     the model (its fingerprint must match the profile's), a list of MoELayerSpec, or None (specs stored in the
     profile). `platform` (name or Platform) gives the graph limits and the cost model; None = no device limits and
     no cost model. `knobs`: any of `knobs.PlanKnobs` (tiers=3, percentile=90, group_size=8, ...: defaults and checks
-    live there). `residency=None`: "cost" (each group where the platform's model runs it faster), or "threshold"
+    live there). `residency=None`: "makespan" (the resident set with the shortest modeled layer-chunk, NPU and CPU
+    queues overlapping; "cost" is the old group-by-group rule), or "threshold"
     when a hot_threshold is given (the ablation knob) or there is no platform; `hot_threshold=None` in threshold
     mode = one balanced expert's load, chunk * top_k / n_experts. The graph byte budget counts the NPU's stored
     weight size (platform npu.weight_bytes, e.g. 1 for int8), else dtype_bytes."""
@@ -217,10 +220,10 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", **knobs) -> Plan
     strict, residency, hot_threshold, dtype_bytes = k.strict, k.residency, k.hot_threshold, k.dtype_bytes
     saliency, renormalize, npu_memory_budget_bytes = k.saliency, k.renormalize, k.npu_memory_budget_bytes
     if residency is None:
-        residency = "threshold" if hot_threshold is not None or plat is None else "cost"
-    elif residency == "cost" and hot_threshold is not None:
+        residency = "threshold" if hot_threshold is not None or plat is None else "makespan"
+    elif residency in ("cost", "makespan") and hot_threshold is not None:
         raise NpuMoeError(f"hot_threshold={hot_threshold} applies to residency 'threshold' only; pass "
-                          f"residency='threshold' with it, or drop it for the cost rule")
+                          f"residency='threshold' with it, or drop it for the {residency} rule")
     knobs["residency"] = residency
     npu = getattr(plat, "npu", None)
     limit = getattr(npu, "graph_limit_bytes", None)
@@ -250,7 +253,8 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", **knobs) -> Plan
             thr = profile.chunk * spec.top_k / spec.n_experts
         routed = counts.mean(axis=1)         # expected routed tokens per chunk per expert: the CPU's load
         loads = [float(sum(routed[e] for e in g.experts)) for g in groups]
-        flags += assign_residency(groups, residency, thr, plat, spec, None, dtype_bytes, loads=loads)
+        flags += assign_residency(groups, residency, thr, plat, spec, None, dtype_bytes, loads=loads, counts=counts,
+                                  chunk=profile.chunk, npu_weight_bytes=weight_size)
         all_groups += groups
         layers.append({"layer": spec.layer, "n_experts": spec.n_experts, "top_k": spec.top_k, "hidden": spec.hidden,
                        "intermediate": spec.intermediate, "capacity": assign.capacity.tolist(),
