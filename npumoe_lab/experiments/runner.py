@@ -21,6 +21,7 @@ from npumoe_lab.devices.hostload import HostLoad, warn_if_busy
 from npumoe_lab.execution.drift import DriftMonitor
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.experts import attach, detach, dropless_executor, set_executor
+from npumoe_lab.execution.footprint import plan_columns
 from npumoe_lab.execution.geometry import ModelGeometry
 from npumoe_lab.planning.knobs import PlanKnobs, add_knob_arguments, knobs_from_args
 from npumoe_lab.planning.layout import ExecutionLayout
@@ -145,7 +146,8 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
         if npu_backend not in (None, "torch") and plat.kind != "measured":
             raise NpuMoeError(f"--npu-backend {npu_backend} runs real graphs: use it with a measured platform "
                               f"(e.g. cpu), not the modeled {plat.name!r}")
-        reps, configs = reps_of[plat.name], {}
+        reps, configs, layouts = reps_of[plat.name], {}, {}
+        n_experts = sum(s.n_experts for s in specs)
         for v in vlist:
             config = PrefillConfig(plat, chunk, attention=v.attention, pad_token_id=pad_id)
             used = _attach_variant(model_obj, v, specs, profile, config, plan_knobs, plan, npu_backend)
@@ -156,6 +158,8 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
             mon = None
             if drift and used is not None:     # after the warm-up: only the samples' routing is monitored
                 mon = model_obj._npumoe.executor.monitor = DriftMonitor(used, profile)
+            layouts[v.name] = ExecutionLayout.dropless(specs) if v.experts == "dynamic" else \
+                (used.compile() if used is not None else None)
             key = numerics_key(v, used, config)
             configs[v.name] = (interleave.snapshot(model_obj), used, config, mon, key,
                                shared.get(key) if share_numerics else None)
@@ -176,6 +180,7 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
                         interleave.restore(model_obj, snap)
                         with loads[v.name].measuring():
                             res = run_prefill(model_obj, ids, config, measure_hf_experts=v.experts == "hf")
+                    res.summary.update(plan_columns(layouts[v.name], res.events, plat, n_experts))   # what the plan did
                     per_rep[v.name][r].append(res.summary)
                     if timeline and r == 0:
                         tl = to_frame(res.events).assign(variant=v.name, platform=plat.name, sample=i)

@@ -20,6 +20,7 @@ import torch
 from npumoe_lab.devices import Platform, get_platform
 from npumoe_lab.results.store import write_rows, write_timeline
 from npumoe_lab.execution.engine import PlanExecutor
+from npumoe_lab.execution.footprint import plan_columns
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.planning.knobs import PlanKnobs, add_knob_arguments, knobs_from_args
 from npumoe_lab.planning.layout import ExecutionLayout
@@ -66,13 +67,13 @@ def _by_layout(variant, specs, profile, plats, knobs) -> list:
     return list(groups.values())
 
 
-def _row(name, src, v, plat, plan, t, c, weights, summary, prov, knobs) -> dict:
+def _row(name, src, v, plat, plan, t, c, weights, summary, prov, knobs, footprint=None) -> dict:
     summary = {k: val for k, val in summary.items() if k != "host_wall_s"}    # nothing ran on this host
     return dict(model=name, workload=src.label.split(":")[0], variant=v.name, platform=plat.name, prompt_len=t,
                 chunk=c, repeat=0, n_samples=1, geometry=name, routing_source=src.label, routing_gini=src.gini(),
                 numerics_source="none", weights=weights, plan_hash=getattr(plan, "hash", None),
-                platform_kind=plat.kind, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **summary, **prov,
-                **{("n_tiers" if k == "tiers" else k): val for k, val in knobs.items()})
+                platform_kind=plat.kind, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **summary,
+                **(footprint or {}), **prov, **{("n_tiers" if k == "tiers" else k): val for k, val in knobs.items()})
 
 
 def simulate(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="m2-max", variants="all",
@@ -137,8 +138,10 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
                             results = replay_prefill(geo, executor, configs[0], routed, t, also_on=configs[1:])
                             for (plat, plan), res in zip(members, results):
                                 bar.update(1)
+                                fp = plan_columns(None if executor is None else executor.layout, res.events, plat,
+                                                  sum(s.n_experts for s in specs))
                                 yield _row(name, src, v, plat, plan, t, c, weights, res.summary, prov,
-                                           plan_knobs), res
+                                           plan_knobs, fp), res
     finally:
         bar.close()
         torch.set_num_threads(threads)
@@ -150,7 +153,10 @@ def register_cli(sub) -> None:
     p.add_argument("--geometry", default="qwen3-30b-a3b",
                    help=f"comma list of {', '.join(list_geometries())} or config.json paths")
     p.add_argument("--routing", default="synthetic:gini=0.6",
-                   help="synthetic:gini=G[,layer_overlap=L,workload_overlap=W,seed=N] | profile:DIR | tiny")
+                   help="synthetic:gini=G[,layer_overlap=L,workload_overlap=W,concentration=A,doc_concentration=D,"
+                        "calibration=MIX,workload=MIX,seed=N] (unset fields: the measured defaults of "
+                        "data/routing/tiny-defaults.yaml) | profile:DIR[,run=DIR2|,workload_overlap=W] | "
+                        "tiny[:workload=NAME]")
     p.add_argument("--platform", default="m2-max", help="comma list of modeled platforms")
     p.add_argument("--variant", default="all", help="comma list or 'all'")
     p.add_argument("--prompt-len", default="1024", help="comma list")
@@ -170,7 +176,7 @@ def _cli(a: argparse.Namespace) -> int:
     df = simulate(a.geometry, a.routing, a.platform, a.variant, a.prompt_len, a.chunk, a.weights, a.seed, a.out,
                   a.timeline, **knobs)
     cols = ["model", "platform", "prompt_len", "chunk", "variant", "ttft_s", "energy_per_token_mj", "cpu_cycles",
-            "n_npu_calls", "drop_rate", "pad_rate"]
+            "n_npu_calls", "n_npu_groups", "npu_expert_flop_share", "drop_rate", "pad_rate", "compile_s"]
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 400):
         print(df[cols].to_string(index=False))
         sp = ratios(df, "ttft_s")

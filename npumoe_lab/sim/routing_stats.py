@@ -1,0 +1,238 @@
+"""`npumoe-lab routing-stats`: the routing defaults of simulation, measured (textlike.py says what they mean).
+
+From a calibration profile and the profiles of other workloads (`--profile CAL --profile RUN ...`), or from the
+bundled model (`--model tiny`: calibrated on its mixed calib text, evaluated on the held-out text of each domain
+and on the prompts of each offline workload, textlike.WORKLOAD_NAMES):
+- per-chunk dispersion within a document and the dispersion of documents' totals (textlike.dispersion), turned into
+  Dirichlet concentrations by matching the same statistic of routing sampled by sim/routing.py's own sampler at the
+  same popularity, chunk, top-k and document length (grid over log concentration, interpolated);
+- the cross-workload overlap 1 - TV(calibration popularity, evaluation popularity), turned into workload_overlap by
+  matching the overlap of the synthetic workload model (each workload's own hot set, the mix their average) on the
+  calibration profile's share curve;
+- for reference, the drop and padding rates of the npumoe-tg plan (calibrated on CAL) against each evaluation
+  profile's real per-chunk counts (planning.tiers), the numbers simulation has to reproduce.
+Written as YAML with its source (default data/routing/tiny-defaults.yaml, which `simulate` reads).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.planning.profile import CalibrationProfile
+from npumoe_lab.sim.textlike import DEFAULTS_FILE, WORKLOAD_NAMES, dirichlet, dispersion, tv_overlap
+from npumoe_lab.utils import cache_dir, progress
+from npumoe_lab.workloads.texts import DOMAINS
+
+GRID = np.geomspace(0.05, 2000.0, 28)      # concentrations tried (per expert); above the last: no variation
+FIT_REPLICAS = 2                           # simulated documents per measured one (a smoother statistic)
+TINY = dict(chunk=256, tokens=8192, seed=0)
+
+
+def tiny_profiles(chunk: int = TINY["chunk"], tokens: int = TINY["tokens"], seed: int = TINY["seed"]) -> dict:
+    """{'mixed': the bundled model's mixed calib-text profile, domain: its held-out text profile}; cached."""
+    from npumoe_lab.execution.calibrate import calibrate, calibration_profile   # lazy: torch + the model
+    from npumoe_lab.models import load_model, model_fingerprint
+    from npumoe_lab.workloads.texts import bundled_text
+    model, tok = load_model("tiny")
+    out = {"mixed": calibration_profile(model, tok, "mixed", chunk, tokens, seed)}
+    for d in WORKLOAD_NAMES:
+        path = cache_dir() / "profiles" / f"{model_fingerprint(model)[:16]}-heldout-{d}-c{chunk}-n{tokens}-s{seed}"
+        if (path / "profile.json").exists():
+            out[d] = CalibrationProfile.load(path)
+        elif d in DOMAINS:       # a text domain: its held-out text (the calibration mix used its calib text)
+            out[d] = calibrate(model, tok, chunk=chunk, tokens=tokens, seed=seed, text={d: bundled_text(d, "heldout")})
+            out[d].meta["workload"] = f"{d} (held-out text)"
+            out[d].save(path)
+        else:                    # a bundled workload: its own prompts
+            out[d] = calibrate(model, tok, workload=d, chunk=chunk, tokens=tokens, seed=seed)
+            out[d].save(path)
+    return out
+
+
+def _shares(profile, layer) -> np.ndarray:
+    m = profile.count_matrix(layer).sum(1).astype(float) + 1e-9
+    return m / m.sum()
+
+
+def _doc_blocks(profile) -> int:
+    """Chunks per document (calibrate cuts documents to the context, whole chunks): n_chunks / n_documents."""
+    n_docs = int(profile.meta.get("n_documents") or 1)
+    return max(1, round(profile.n_chunks / n_docs))
+
+
+def _stats(counts: np.ndarray, per_doc: int) -> tuple[float, float]:
+    """(within-document chunk dispersion, dispersion of document totals per chunk) of counts [E, chunks]."""
+    n_docs = counts.shape[1] // per_doc
+    if n_docs < 1 or per_doc < 2:
+        return dispersion(counts), math.nan
+    blocks = counts[:, :n_docs * per_doc].reshape(counts.shape[0], n_docs, per_doc)
+    within = (blocks.var(2, ddof=1).sum() / blocks.mean(2).sum())
+    totals = blocks.sum(2)
+    between = dispersion(totals) / per_doc if n_docs >= 2 else math.nan
+    return float(within), float(between)
+
+
+def _simulate(p, chunk, K, per_doc, n_docs, conc, doc_conc, seed) -> np.ndarray:
+    """Counts [E, n_docs * per_doc] of routing drawn as sim/routing.py draws it (document and chunk popularity
+    around `p` by textlike.dirichlet, K distinct experts per token by Gumbel top-k), all chunks in one array."""
+    g = np.random.default_rng(seed)
+    p = np.asarray(p, dtype=np.float64)
+    E, n = len(p), n_docs * per_doc
+    docs = np.stack([dirichlet(p, doc_conc, g) for _ in range(n_docs)])
+    shares = np.stack([dirichlet(docs[c // per_doc], conc, g) for c in range(n)])
+    logp = np.log(np.maximum(shares, 1e-30)).astype(np.float32)[:, None, :]
+    u = g.random((n, chunk, E), dtype=np.float32)
+    scores = logp - np.log(-np.log(np.maximum(u, np.float32(1e-30))))
+    idx = np.argpartition(-scores, K - 1, axis=2)[:, :, :K]
+    counts = np.zeros((n, E), dtype=np.int64)
+    np.add.at(counts, (np.repeat(np.arange(n), chunk * K), idx.reshape(-1)), 1)
+    return counts.T
+
+
+def _fit(measured: float, curve: np.ndarray) -> float | None:
+    """The concentration whose simulated statistic equals `measured` (curve decreasing in the concentration,
+    made monotone); None (= no variation) when the measured value is at or below the independent-token end."""
+    c = np.minimum.accumulate(curve)
+    if not math.isfinite(measured) or measured <= c[-1]:
+        return None
+    if measured >= c[0]:
+        return float(GRID[0])
+    j = int(np.argmax(c <= measured))      # first grid point at or below
+    t = (c[j - 1] - measured) / max(c[j - 1] - c[j], 1e-12)
+    return float(math.exp(math.log(GRID[j - 1]) + t * (math.log(GRID[j]) - math.log(GRID[j - 1]))))
+
+
+def _drop_pad(cal: CalibrationProfile, run: CalibrationProfile) -> tuple[float, float]:
+    """Drop and padding rates of the npumoe-tg plan calibrated on `cal` against `run`'s real per-chunk counts."""
+    from npumoe_lab.planning.plan import variant_plan
+    plan = variant_plan(cal, "npumoe-tg", None, platform="m2-max")
+    routed = dropped = slots = padded = 0.0
+    for lp in plan.layers:
+        counts = run.count_matrix(lp["layer"]).astype(float)
+        cap = np.asarray(lp["capacity"], dtype=float)[:counts.shape[0], None]
+        kept = np.minimum(counts, cap)
+        routed += counts.sum()
+        dropped += (counts - kept).sum()
+        slots += cap.sum() * counts.shape[1]
+        padded += (cap - kept).sum()
+    return dropped / routed, padded / slots
+
+
+def measure(cal: CalibrationProfile, runs: dict, source: str, seed: int = 0, calibration: str = "mixed") -> dict:
+    """The defaults document (YAML-ready) from a calibration profile and {workload name: evaluation profile};
+    `calibration`: the workload mix the calibration profile stands for."""
+    layers = cal.layers
+    specs = {s["layer"]: s for s in cal.meta.get("layers", [])}
+    rows, cases = {}, []
+    for name, prof in runs.items():
+        per_doc = _doc_blocks(prof)
+        within, between, tvs = [], [], []
+        for layer in layers:
+            counts = prof.count_matrix(layer)
+            w, b = _stats(counts, per_doc)
+            within.append(w)
+            between.append(b)
+            tvs.append(tv_overlap(_shares(cal, layer), _shares(prof, layer)))
+            K = int(specs.get(layer, {}).get("top_k") or round(counts[:, 0].sum() / prof.chunk))
+            cases.append((name, layer, _shares(prof, layer), prof.chunk, K, per_doc, counts.shape[1] // per_doc, w, b))
+        drop, pad = _drop_pad(cal, prof) if cal.meta.get("layers") else (math.nan, math.nan)
+        rows[name] = {"chunk_dispersion": float(np.mean(within)), "doc_dispersion": float(np.nanmean(between))
+                      if not all(map(math.isnan, between)) else None,
+                      "tv_overlap": float(np.mean(tvs)), "drop_rate_npumoe_tg": float(drop),
+                      "pad_rate_npumoe_tg": float(pad), "chunks": prof.n_chunks, "chunks_per_document": per_doc}
+    bar = progress(total=2 * len(GRID), desc="routing-stats fits")
+    chunk_curve = np.zeros(len(GRID))
+    for i, a in enumerate(GRID):
+        chunk_curve[i] = np.mean([_stats(_simulate(p, T, K, m, max(1, n) * FIT_REPLICAS, a, None, seed + j), m)[0]
+                                  for j, (_, _, p, T, K, m, n, _, _) in enumerate(cases)])
+        bar.update(1)
+    conc = _fit(float(np.mean([c[7] for c in cases])), chunk_curve)
+    doc_curve = np.zeros(len(GRID))
+    for i, a in enumerate(GRID):
+        doc_curve[i] = np.nanmean([_stats(_simulate(p, T, K, m, max(2, n) * FIT_REPLICAS, conc, a, seed + j), m)[1]
+                                   for j, (_, _, p, T, K, m, n, _, _) in enumerate(cases)])
+        bar.update(1)
+    bar.close()
+    measured_doc = np.nanmean([c[8] for c in cases]) if cases else math.nan
+    doc_conc = _fit(float(measured_doc), doc_curve)
+    tv = float(np.mean([r["tv_overlap"] for r in rows.values()])) if rows else math.nan
+    from npumoe_lab.sim.routing import overlap_for_tv
+    curve = np.mean([np.sort(_shares(cal, layer))[::-1] for layer in layers], axis=0)
+    w = overlap_for_tv(curve, max(len(runs), 2), tv, seed) if math.isfinite(tv) else 1.0
+    by_tv = sorted(rows, key=lambda n: rows[n]["tv_overlap"])
+    default_workload = by_tv[(len(by_tv) - 1) // 2] if by_tv and set(by_tv) <= set(WORKLOAD_NAMES) else "mixed"
+    note = "per expert of average popularity; inf = no variation at this level"
+    return {
+        "source": source,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "defaults": {
+            "concentration": {"value": "inf" if conc is None else round(conc, 4),
+                              "note": f"per-chunk Dirichlet concentration ({note}), fitted so that sampled routing "
+                                      f"has the measured within-document chunk dispersion "
+                                      f"{np.mean([c[7] for c in cases]):.3f}"},
+            "doc_concentration": {"value": "inf" if doc_conc is None else round(doc_conc, 4),
+                                  "note": f"per-document Dirichlet concentration ({note}), fitted to the measured "
+                                          f"dispersion of document totals {measured_doc:.3f}"},
+            "workload_tv_overlap": {"value": round(tv, 4) if math.isfinite(tv) else 1.0,
+                                    "note": f"1 - TV(calibration popularity, evaluation workload's), mean over "
+                                            f"workloads and layers; simulate solves each geometry's "
+                                            f"workload_overlap for it (at this model's own curve: {w:.3f})"},
+            "calibration": {"value": calibration, "note": "plans are calibrated on this mix, as the bundled "
+                                                           "model's profile is (its mixed calib text)"},
+            "workload": {"value": default_workload, "note": "the evaluation workload of median measured overlap"},
+        },
+        "measured": rows,
+    }
+
+
+def _cli(a: argparse.Namespace) -> int:
+    if bool(a.profile) == bool(a.model):
+        raise NpuMoeError("routing-stats needs --model tiny or --profile CAL [--profile RUN ...], not both")
+    if a.model:
+        if a.model != "tiny":
+            raise NpuMoeError(f"routing-stats --model {a.model!r}: only the bundled 'tiny' is calibrated here; "
+                              "calibrate another model with `npumoe-lab calibrate` and pass --profile")
+        profiles = tiny_profiles()
+        cal, runs = profiles.pop("mixed"), profiles
+        m = cal.meta
+        source = (f"npumoe-lab routing-stats --model tiny: npumoe-tiny {str(m.get('model_fingerprint'))[:12]}, "
+                  f"chunk {cal.chunk}, calibration = mixed calib text ({m.get('n_tokens')} tokens), evaluation = "
+                  f"held-out text / prompts of {', '.join(runs)} ({TINY['tokens']} tokens each)")
+    else:
+        profs = [CalibrationProfile.load(p) for p in a.profile]
+        cal = profs[0]
+        runs = {Path(p).name: q for p, q in zip(a.profile[1:], profs[1:])} or {Path(a.profile[0]).name: cal}
+        source = f"npumoe-lab routing-stats --profile {' --profile '.join(a.profile)}"
+    doc = measure(cal, runs, source, calibration="+".join(DOMAINS) if a.model else "mixed")
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(yaml.safe_dump(doc, sort_keys=False, width=120))
+    tmp.replace(out)
+    d = doc["defaults"]
+    print(f"concentration {d['concentration']['value']}, doc_concentration {d['doc_concentration']['value']}, "
+          f"workload_tv_overlap {d['workload_tv_overlap']['value']}, workload {d['workload']['value']}")
+    for name, r in doc["measured"].items():
+        print(f"  {name}: chunk dispersion {r['chunk_dispersion']:.3f}, doc dispersion {r['doc_dispersion']}, "
+              f"1-TV {r['tv_overlap']:.3f}, npumoe-tg drop {r['drop_rate_npumoe_tg']:.1%}, "
+              f"pad {r['pad_rate_npumoe_tg']:.1%}")
+    print(f"wrote {out}")
+    return 0
+
+
+def register_cli(sub) -> None:
+    p = sub.add_parser("routing-stats", help="measure the routing defaults of simulation (per-chunk dispersion, "
+                                             "cross-workload overlap) from the bundled model or profiles")
+    p.add_argument("--model", help="'tiny': the bundled model (calibrated on mixed text, evaluated on held-out text)")
+    p.add_argument("--profile", action="append", help="calibration profile; repeat for evaluation profiles")
+    p.add_argument("--out", default=str(DEFAULTS_FILE), help=f"YAML to write (default {DEFAULTS_FILE})")
+    p.set_defaults(func=_cli)
+
+
+__all__ = ["measure", "tiny_profiles"]
