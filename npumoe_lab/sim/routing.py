@@ -246,15 +246,15 @@ def _parse_params(text: str, allowed: dict, kind: str = "synthetic") -> dict:
         key, _, value = part.partition("=")
         key, value = key.strip(), value.strip()
         if key not in allowed or not value:
-            raise NpuMoeError(f"{kind} routing field {part!r} is unknown; use {', '.join(allowed)} as key=value "
+            raise NpuMoeError(f"{kind} routing parameter {part!r} is unknown; use {', '.join(allowed)} as key=value "
                               "(e.g. synthetic:gini=0.6,layer_overlap=0.5)")
         if key in out:
-            raise NpuMoeError(f"{kind} routing field {key!r} is given twice ({key}={out[key]!r} and {part!r}); "
+            raise NpuMoeError(f"{kind} routing parameter {key!r} is given twice ({key}={out[key]!r} and {part!r}); "
                               "give each field once")
         try:
             out[key] = allowed[key](value)
         except ValueError:
-            raise NpuMoeError(f"{kind} routing field {key}={value!r} is not a {allowed[key].__name__}") from None
+            raise NpuMoeError(f"{kind} routing parameter {key}={value!r} is not a number") from None
     return out
 
 
