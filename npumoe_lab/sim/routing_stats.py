@@ -3,7 +3,8 @@
 From a calibration profile and the profiles of other workloads (`--profile CAL --profile RUN ...`), or from the
 bundled model (`--model tiny`: calibrated on its mixed calib text, evaluated on the held-out text of each domain
 and on the prompts of each offline workload, textlike.WORKLOAD_NAMES):
-- per-chunk dispersion within a document and the dispersion of documents' totals (textlike.dispersion), turned into
+- per-chunk dispersion within a document and the dispersion of documents' totals (textlike.dispersion; the median
+  over workloads and layers: a few workloads of short, unlike documents must not set it alone), turned into
   Dirichlet concentrations by matching the same statistic of routing sampled by sim/routing.py's own sampler at the
   same popularity, chunk, top-k and document length (grid over log concentration, interpolated);
 - the cross-workload overlap 1 - TV(calibration popularity, evaluation popularity), turned into workload_overlap by
@@ -152,14 +153,14 @@ def measure(cal: CalibrationProfile, runs: dict, source: str, seed: int = 0, cal
         chunk_curve[i] = np.mean([_stats(_simulate(p, T, K, m, max(1, n) * FIT_REPLICAS, a, None, seed + j), m)[0]
                                   for j, (_, _, p, T, K, m, n, _, _) in enumerate(cases)])
         bar.update(1)
-    conc = _fit(float(np.mean([c[7] for c in cases])), chunk_curve)
+    conc = _fit(float(np.median([c[7] for c in cases])), chunk_curve)
     doc_curve = np.zeros(len(GRID))
     for i, a in enumerate(GRID):
         doc_curve[i] = np.nanmean([_stats(_simulate(p, T, K, m, max(2, n) * FIT_REPLICAS, conc, a, seed + j), m)[1]
                                    for j, (_, _, p, T, K, m, n, _, _) in enumerate(cases)])
         bar.update(1)
     bar.close()
-    measured_doc = np.nanmean([c[8] for c in cases]) if cases else math.nan
+    measured_doc = np.nanmedian([c[8] for c in cases]) if cases else math.nan
     doc_conc = _fit(float(measured_doc), doc_curve)
     tv = float(np.mean([r["tv_overlap"] for r in rows.values()])) if rows else math.nan
     from npumoe_lab.sim.routing import overlap_for_tv
@@ -175,10 +176,10 @@ def measure(cal: CalibrationProfile, runs: dict, source: str, seed: int = 0, cal
             "concentration": {"value": "inf" if conc is None else round(conc, 4),
                               "note": f"per-chunk Dirichlet concentration ({note}), fitted so that sampled routing "
                                       f"has the measured within-document chunk dispersion "
-                                      f"{np.mean([c[7] for c in cases]):.3f}"},
+                                      f"{np.median([c[7] for c in cases]):.3f} (median over workloads and layers)"},
             "doc_concentration": {"value": "inf" if doc_conc is None else round(doc_conc, 4),
                                   "note": f"per-document Dirichlet concentration ({note}), fitted to the measured "
-                                          f"dispersion of document totals {measured_doc:.3f}"},
+                                          f"dispersion of document totals {measured_doc:.3f} (median)"},
             "workload_tv_overlap": {"value": round(tv, 4) if math.isfinite(tv) else 1.0,
                                     "note": f"1 - TV(calibration popularity, evaluation workload's), mean over "
                                             f"workloads and layers; simulate solves each geometry's "

@@ -63,5 +63,12 @@ def test_paper_check_quantities_follow_the_simulated_rows():
     assert np.allclose(q.ratio, q.modeled / q.paper, equal_nan=True)
     npu = df[df.variant == "npumoe"]
     assert q.at["npumoe padding, highest (%)", "modeled"] == pytest.approx(100 * npu.pad_rate.max())
+    # every headline row says whether npumoe's plan used the NPU at the setting it comes from
+    row = npu.loc[npu.drop_rate.idxmax()]
+    said = q.at["npumoe drop rate, highest (%)", "npumoe_used_npu"]
+    assert said.startswith("no: npumoe = anemll here") == (row.n_npu_groups == 0)
+    assert said.startswith("no") or f"{int(row.n_npu_groups)} of " in said
+    assert all(str(u).startswith(("yes", "no", "-")) for u in q.npumoe_used_npu)
     text = markdown(table, sens, "synthetic:gini=0.6")
     assert "| headline latency vs baselines, lowest (x) | 1.32 |" in text and "modeled" in text
+    assert "npumoe's plan used the NPU" in text
