@@ -23,6 +23,7 @@ import math
 
 from npumoe_lab.devices.cost import expert_ffn_cost
 from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.planning.makespan import LayerCase, choose_resident
 
 RESIDENCY_MODES = ("threshold", "cost", "all", "makespan")
 
@@ -71,7 +72,6 @@ def assign_residency(groups, mode: str = "threshold", hot_threshold: float | Non
     if mode not in RESIDENCY_MODES:
         raise NpuMoeError(f"unknown residency mode {mode!r}; use one of: {', '.join(RESIDENCY_MODES)}")
     if mode == "makespan":
-        from npumoe_lab.planning.makespan import LayerCase, choose_resident
         if platform is None or spec is None or counts is None or chunk is None:
             raise NpuMoeError("residency 'makespan' needs a platform, the layer's MoELayerSpec, its calibration "
                               "counts [experts, chunks] and the chunk; use build_plan, or mode='threshold'")

@@ -25,10 +25,13 @@ import numpy as np
 import yaml
 
 from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.models import load_model, model_fingerprint
+from npumoe_lab.planning.plan import variant_plan
 from npumoe_lab.planning.profile import CalibrationProfile
+from npumoe_lab.sim.routing import overlap_for_tv
 from npumoe_lab.sim.textlike import DEFAULTS_FILE, WORKLOAD_NAMES, dirichlet, dispersion, tv_overlap
 from npumoe_lab.utils import cache_dir, progress
-from npumoe_lab.workloads.texts import DOMAINS
+from npumoe_lab.workloads.texts import DOMAINS, bundled_text
 
 GRID = np.geomspace(0.05, 2000.0, 28)      # concentrations tried (per expert); above the last: no variation
 FIT_REPLICAS = 2                           # simulated documents per measured one (a smoother statistic)
@@ -37,9 +40,7 @@ TINY = dict(chunk=256, tokens=8192, seed=0)
 
 def tiny_profiles(chunk: int = TINY["chunk"], tokens: int = TINY["tokens"], seed: int = TINY["seed"]) -> dict:
     """{'mixed': the bundled model's mixed calib-text profile, domain: its held-out text profile}; cached."""
-    from npumoe_lab.execution.calibrate import calibrate, calibration_profile   # lazy: torch + the model
-    from npumoe_lab.models import load_model, model_fingerprint
-    from npumoe_lab.workloads.texts import bundled_text
+    from npumoe_lab.execution.calibrate import calibrate, calibration_profile   # lazy: runs the model, only here
     model, tok = load_model("tiny")
     out = {"mixed": calibration_profile(model, tok, "mixed", chunk, tokens, seed)}
     for d in WORKLOAD_NAMES:
@@ -111,7 +112,6 @@ def _fit(measured: float, curve: np.ndarray) -> float | None:
 
 def _drop_pad(cal: CalibrationProfile, run: CalibrationProfile) -> tuple[float, float]:
     """Drop and padding rates of the npumoe-tg plan calibrated on `cal` against `run`'s real per-chunk counts."""
-    from npumoe_lab.planning.plan import variant_plan
     plan = variant_plan(cal, "npumoe-tg", None, platform="m2-max")
     routed = dropped = slots = padded = 0.0
     for lp in plan.layers:
@@ -163,7 +163,6 @@ def measure(cal: CalibrationProfile, runs: dict, source: str, seed: int = 0, cal
     measured_doc = np.nanmedian([c[8] for c in cases]) if cases else math.nan
     doc_conc = _fit(float(measured_doc), doc_curve)
     tv = float(np.mean([r["tv_overlap"] for r in rows.values()])) if rows else math.nan
-    from npumoe_lab.sim.routing import overlap_for_tv
     curve = np.mean([np.sort(_shares(cal, layer))[::-1] for layer in layers], axis=0)
     w = overlap_for_tv(curve, max(len(runs), 2), tv, seed) if math.isfinite(tv) else 1.0
     by_tv = sorted(rows, key=lambda n: rows[n]["tv_overlap"])
