@@ -43,7 +43,7 @@ class Knobs:
     tiers: int = 3
     percentile: float = 90.0
     group_size: int = 8
-    residency: str = "cost"          # the npumoe variant's default (the threshold rule reads hot_scale)
+    residency: str = "makespan"      # the npumoe variant's default (the threshold rule reads hot_scale)
     hot_scale: float = 1.0           # hot threshold in units of one balanced expert's load (chunk * top_k / E)
     platform: str = "m2-max"
     chunk: int = 128
