@@ -154,13 +154,14 @@ def measure(cal: CalibrationProfile, runs: dict, source: str, seed: int = 0, cal
                                   for j, (_, _, p, T, K, m, n, _, _) in enumerate(cases)])
         bar.update(1)
     conc = _fit(float(np.median([c[7] for c in cases])), chunk_curve)
+    docs = [c[8] for c in cases if math.isfinite(c[8])]
+    measured_doc = float(np.median(docs)) if docs else math.nan       # no document of 2+ chunks: not measured
     doc_curve = np.zeros(len(GRID))
-    for i, a in enumerate(GRID):
+    for i, a in enumerate(GRID if docs else []):
         doc_curve[i] = np.nanmean([_stats(_simulate(p, T, K, m, max(2, n) * FIT_REPLICAS, conc, a, seed + j), m)[1]
                                    for j, (_, _, p, T, K, m, n, _, _) in enumerate(cases)])
         bar.update(1)
     bar.close()
-    measured_doc = np.nanmedian([c[8] for c in cases]) if cases else math.nan
     doc_conc = _fit(float(measured_doc), doc_curve)
     tv = float(np.mean([r["tv_overlap"] for r in rows.values()])) if rows else math.nan
     curve = np.mean([np.sort(_shares(cal, layer))[::-1] for layer in layers], axis=0)

@@ -105,3 +105,20 @@ def test_bad_routing_is_one_line_exit_2_nothing_written(spec, message, tmp_path,
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and message.split()[0] in err
     assert not out.exists()
+
+
+def test_routing_stats_from_profiles_writes_defaults_simulate_can_read(tmp_path, capsys):
+    specs = _profile(tmp_path / "cal")
+    _profile(tmp_path / "run", n_chunks=8)
+    out = tmp_path / "defaults.yaml"
+    assert cli.main(["routing-stats", "--profile", str(tmp_path / "cal"), "--profile", str(tmp_path / "run"),
+                     "--out", str(out)]) == 0
+    d = load_defaults(out)
+    assert "routing-stats --profile" in d["source"] and d["calibration"] == "mixed"
+    # two hot pairs alternating chunk by chunk: far more dispersed than independent tokens, finite concentration
+    assert d["concentration"] < 1e3 and d["workload_tv_overlap"] == pytest.approx(1.0)
+    src = parse_routing("synthetic:zipf=1", specs, defaults=d)
+    assert f"concentration={d['concentration']:g}" in src.label
+    assert cli.main(["routing-stats", "--model", "tiny", "--profile", str(tmp_path / "cal"),
+                     "--out", str(tmp_path / "x.yaml")]) == 2
+    assert not (tmp_path / "x.yaml").exists() and len(capsys.readouterr().err.strip().splitlines()) == 1
