@@ -63,7 +63,7 @@ def quantities(df: pd.DataFrame, breakdown: dict) -> dict:
     q = {}
     if "qwen3-30b-a3b" in t.index:
         q["Qwen3-30B-A3B TTFT, NPUMoE (s)"] = (0.572, t.at["qwen3-30b-a3b", "npumoe"], point("qwen3-30b-a3b"))
-        q["Qwen3-30B-A3B TTFT, Core ML CPU baseline (s)"] = (1.139, t.at["qwen3-30b-a3b", "cpu-only"])
+        q["Qwen3-30B-A3B TTFT, Core ML CPU baseline (s)"] = (1.139, t.at["qwen3-30b-a3b", "cpu-only"], "-")
     for v, (ffn, sc) in breakdown.items():
         paper = {"naive-npu": (3369.86, 896.76), "npumoe": (530.91, 775.52)}[v]
         use = point("phi-3.5-moe") if v == "npumoe" else "-"
