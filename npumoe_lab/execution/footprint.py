@@ -10,8 +10,8 @@ FLOPs, and the ANE's per-process limits (platform YAML: max_resident_programs, m
 - npu_programs: resident expert groups + one attention graph per layer run on the NPU; npu_compiles: one per
   resident group (its shape is static) + one per attention layer and distinct (chunk, past) shape of the prompt;
   compile_s (modeled): npu_compiles x compile_s, the first-run cost, reported apart and never inside TTFT;
-  ane_limits: "ok", or which limit the plan breaks (it is flagged, not split; graph bytes and the largest
-  dimension are split by planning/grouping.py before this).
+  ane_limits: "ok", or which limit the plan breaks (flagged; the plan knob npu_program_budget keeps a plan under
+  a program budget; graph bytes and the largest dimension are split by planning/grouping.py before this).
 """
 from __future__ import annotations
 

@@ -36,6 +36,8 @@ class PlanKnobs:
     hot_threshold: float | None = knob(None, "expected tokens per chunk for a resident group (threshold rule; "
                                              "default chunk*top_k/n_experts)", minimum=0)
     npu_memory_budget_bytes: int | None = knob(None, "bytes of expert weights allowed on the NPU", minimum=0)
+    npu_program_budget: int | None = knob(None, "resident expert-group programs allowed on the NPU over all layers "
+                                                "(makespan residency; the ANE keeps ~120 per process)", minimum=0)
     saliency: str = knob("weight_x_norm", "which overflow assignments are kept", SALIENCY_RULES)
     renormalize: bool = knob(False, "renormalise the kept top-k weights after drops")
     dtype_bytes: int = knob(2, "bytes per weight element on the NPU (graph size limits)", minimum=1)

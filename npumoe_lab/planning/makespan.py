@@ -159,4 +159,32 @@ def choose_resident(case: LayerCase, platform, exhaustive: int = EXHAUSTIVE_GROU
     return [bool(x) for x in masks[best]], float(spans[best])
 
 
-__all__ = ["LayerCase", "LayerMakespan", "candidate_masks", "choose_resident", "cold_experts_cost"]
+def fit_program_budget(layers: list, budget: int) -> list[list[bool]]:
+    """[(LayerMakespan, resident flags)] per layer -> flags with at most `budget` resident groups over all layers:
+    while over it, the resident group whose move to the CPU lengthens its layer-chunk least is moved (greedy on
+    the exact marginal makespan; the ANE keeps ~120 programs per process, platform max_resident_programs)."""
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+        raise NpuMoeError(f"npu_program_budget must be an integer >= 0 (resident expert groups), got {budget!r}")
+    masks = [np.asarray(f, dtype=bool).copy() for _, f in layers]
+    spans = [float(m(mask)) if mask.size else 0.0 for (m, _), mask in zip(layers, masks)]
+    total = int(sum(m.sum() for m in masks))
+    while total > budget:
+        best = None
+        for li, ((model, _), mask) in enumerate(zip(layers, masks)):
+            on = np.flatnonzero(mask)
+            if not on.size:
+                continue
+            cand = np.repeat(mask[None], len(on), 0)
+            cand[np.arange(len(on)), on] = False
+            new = model.many(cand)
+            j = int(np.argmin(new))
+            if best is None or new[j] - spans[li] < best[0]:
+                best = (new[j] - spans[li], li, int(on[j]), float(new[j]))
+        _, li, gi, span = best
+        masks[li][gi], spans[li] = False, span
+        total -= 1
+    return [m.tolist() for m in masks]
+
+
+__all__ = ["LayerCase", "LayerMakespan", "candidate_masks", "choose_resident", "cold_experts_cost",
+           "fit_program_budget"]

@@ -24,6 +24,7 @@ from npumoe_lab.planning.grouping import make_groups_with_notes
 from npumoe_lab.planning.knobs import PlanKnobs, add_knob_arguments, knobs_from_args
 from npumoe_lab.planning.layout import ExecutionLayout
 from npumoe_lab.models import describe, load_model, model_fingerprint
+from npumoe_lab.planning.makespan import LayerCase, LayerMakespan, fit_program_budget
 from npumoe_lab.planning.residency import assign_residency, fit_budget
 from npumoe_lab.core.saliency import check_rule
 from npumoe_lab.planning.tiers import assign_tiers, expected_drop_rate, expected_kept_tokens, expected_padding
@@ -219,6 +220,7 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", **knobs) -> Plan
                                                                       k.top_fraction, k.group_size, k.order)
     strict, residency, hot_threshold, dtype_bytes = k.strict, k.residency, k.hot_threshold, k.dtype_bytes
     saliency, renormalize, npu_memory_budget_bytes = k.saliency, k.renormalize, k.npu_memory_budget_bytes
+    program_budget = k.npu_program_budget
     if residency is None:
         residency = "threshold" if hot_threshold is not None or plat is None else "makespan"
     elif residency in ("cost", "makespan") and hot_threshold is not None:
@@ -229,7 +231,7 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", **knobs) -> Plan
     limit = getattr(npu, "graph_limit_bytes", None)
     max_dim = getattr(npu, "max_dim", None)
     weight_size = getattr(npu, "weight_bytes", None) or dtype_bytes    # what the NPU graph stores per weight
-    layers, all_groups, flags = [], [], []
+    layers, all_groups, flags, budgeted = [], [], [], []
     for spec in specs:
         if spec.layer not in profile.layers:
             raise NpuMoeError(f"MoE layer {spec.layer} is not in the calibration profile (layers {profile.layers}); "
@@ -253,8 +255,13 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", **knobs) -> Plan
             thr = profile.chunk * spec.top_k / spec.n_experts
         routed = counts.mean(axis=1)         # expected routed tokens per chunk per expert: the CPU's load
         loads = [float(sum(routed[e] for e in g.experts)) for g in groups]
-        flags += assign_residency(groups, residency, thr, plat, spec, None, dtype_bytes, loads=loads, counts=counts,
-                                  chunk=profile.chunk, npu_weight_bytes=weight_size)
+        layer_flags = assign_residency(groups, residency, thr, plat, spec, None, dtype_bytes, loads=loads,
+                                       counts=counts, chunk=profile.chunk, npu_weight_bytes=weight_size)
+        if program_budget is not None and groups and residency == "makespan":
+            budgeted.append((LayerMakespan(LayerCase([(g.experts, g.capacity) for g in groups], counts, spec.hidden,
+                                                     spec.intermediate, spec.top_k, profile.chunk, dtype_bytes,
+                                                     weight_size), plat), layer_flags))
+        flags += layer_flags
         all_groups += groups
         layers.append({"layer": spec.layer, "n_experts": spec.n_experts, "top_k": spec.top_k, "hidden": spec.hidden,
                        "intermediate": spec.intermediate, "capacity": assign.capacity.tolist(),
@@ -263,6 +270,12 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", **knobs) -> Plan
                        "expected_padding": round(expected_padding(assign, counts), 6),
                        "expected_drop_rate": round(expected_drop_rate(assign, counts), 6),
                        "hot_threshold": thr, "notes": notes})
+    if program_budget is not None and residency == "makespan":   # one budget over all layers, least makespan lost
+        flags = [f for layer in fit_program_budget(budgeted, program_budget) for f in layer]
+    elif program_budget is not None:        # other rules: the groups expecting the most tokens keep their program
+        keep = set(sorted((i for i, f in enumerate(flags) if f),
+                          key=lambda i: (-all_groups[i].expected_tokens, i))[:program_budget])
+        flags = [i in keep for i in range(len(flags))]
     flags = iter(fit_budget(all_groups, flags, npu_memory_budget_bytes))   # one budget over all layers
     for lp in layers:
         for g in lp["groups"]:

@@ -15,7 +15,8 @@ Modes (`RESIDENCY_MODES`):
   and adds less than it removed to the CPU side (a combined op costs at most the sum of its parts).
 - `all`: every group is resident (npumoe-base/-t/-tg, naive-npu).
 In every mode the resident set is then fitted into `npu_memory_budget_bytes` (when given) greedily by expected
-tokens per weight byte: a group that does not fit is skipped and smaller ones are still tried.
+tokens per weight byte: a group that does not fit is skipped and smaller ones are still tried. A program budget
+(plan knob `npu_program_budget`, over all layers) is applied by plan.build_plan (makespan.fit_program_budget).
 """
 from __future__ import annotations
 

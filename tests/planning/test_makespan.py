@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from npumoe_lab.devices import get_platform
 from npumoe_lab.devices.cost import dense_cost, expert_ffn_cost, memory_cost
 from npumoe_lab.execution.timeline import Event, schedule
-from npumoe_lab.planning.makespan import LayerCase, LayerMakespan, candidate_masks, choose_resident
+from npumoe_lab.planning.makespan import (LayerCase, LayerMakespan, candidate_masks, choose_resident,
+                                         fit_program_budget)
 
 H, I, K, CHUNK = 512, 256, 4, 256
 
@@ -132,3 +133,45 @@ def _scaled(role, s):
 def test_a_faster_npu_or_cpu_never_makes_it_slower(case, role, s1, extra):
     slow, fast = _scaled(role, s1), _scaled(role, s1 * extra)
     assert choose_resident(case, fast)[1] <= choose_resident(case, slow)[1] * (1 + 1e-12)
+
+
+def test_program_budget_moves_the_least_costly_groups_first():
+    """fit_program_budget against brute force over every subset of the allowed size (two layers, small)."""
+    plat = PLATFORMS[2]
+    rng = np.random.default_rng(3)
+    layers = []
+    for _ in range(2):
+        groups = [((2 * i, 2 * i + 1), int(c)) for i, c in enumerate((64, 64, 32, 32))]
+        case = LayerCase(groups, rng.integers(20, 120, size=(8, 2)), H, I, K, CHUNK)
+        layers.append((LayerMakespan(case, plat), [True] * 4))
+    for budget in (8, 5, 2, 0):
+        got = fit_program_budget(layers, budget)
+        assert sum(map(sum, got)) == min(budget, 8)
+        span = sum(m(f) for (m, _), f in zip(layers, got))
+        best = min(sum(m(list(f[4 * j:4 * j + 4])) for j, (m, _) in enumerate(layers))
+                   for f in itertools.product((False, True), repeat=8) if sum(f) == min(budget, 8))
+        assert span <= best * 1.02           # greedy on the exact marginal: within 2 % of the best subset here
+
+
+def test_build_plan_honours_the_program_budget():
+    import pandas as pd
+    from types import SimpleNamespace
+    from npumoe_lab.planning.plan import build_plan
+    from npumoe_lab.planning.profile import CalibrationProfile
+    specs = [SimpleNamespace(layer=l, n_experts=32, top_k=4, hidden=1024, intermediate=512) for l in (0, 1)]
+    rng = np.random.default_rng(0)
+    rows = [dict(layer=l, expert=e, chunk_id=c, count=int(rng.poisson(8 + 40 * (e < 8))))
+            for l in (0, 1) for e in range(32) for c in range(8)]
+    counts = pd.DataFrame(rows)
+    stats = counts.groupby(["layer", "expert"], as_index=False)["count"].sum().assign(
+        weight_sum=0.0, weight_sq_sum=0.0, norm_sum=0.0)
+    prof = CalibrationProfile(counts, stats, {"chunk": 256, "model_fingerprint": "f" * 64,
+                                              "layers": [vars(s) for s in specs]})
+    free = build_plan(prof, specs, platform=PLATFORMS[2], group_size=4)
+    n_free = sum(g["resident"] for lp in free.layers for g in lp["groups"])
+    assert n_free > 1
+    tight = build_plan(prof, specs, platform=PLATFORMS[2], group_size=4, npu_program_budget=1)
+    assert sum(g["resident"] for lp in tight.layers for g in lp["groups"]) == 1
+    same = build_plan(prof, specs, platform=PLATFORMS[2], group_size=4, npu_program_budget=n_free)
+    assert [g["resident"] for lp in same.layers for g in lp["groups"]] == \
+        [g["resident"] for lp in free.layers for g in lp["groups"]]
