@@ -33,13 +33,14 @@ SUBCOMMANDS = {
     "fit-device": "fit_device",
     "validate-device": "validate_device",
     "accuracy": "accuracy",
+    "routing-stats": "routing_stats",
 }
 
 
 DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}   # a write the user can fix: one line, not a traceback
 
 # commands whose --out is a file (the others write into a folder)
-OUT_IS_FILE = {"plan"}
+OUT_IS_FILE = {"plan", "routing-stats"}
 
 
 # one line per command for the top-level --help, which must not import torch/pandas (it answers in < 1 s)
@@ -55,6 +56,7 @@ SUMMARIES = {
     "simulate": "paper-scale prefill from a model's geometry and routing statistics (no weights; times modeled)",
     "sensitivity": "rerun a simulation at every sourced alternative of the uncertain device parameters",
     "paper-check": "the device model against every number of the paper's results it can predict",
+    "routing-stats": "measure simulation's routing defaults (per-chunk dispersion, cross-workload overlap)",
     "tune": "search plan knobs for a drop-rate or TTFT budget (Pareto front)",
     "drift": "calibrate on one domain, run another: the drift monitor and recalibration",
     "demo": "the demo: calibrate, plan, the demo sweep, every figure and SUMMARY.md in one folder",

@@ -48,7 +48,10 @@ def register_cli(sub) -> None:
     p.add_argument("--geometry", default="qwen3-30b-a3b",
                    help=f"comma list of {', '.join(bundled_geometries())} or config.json paths")
     p.add_argument("--routing", default="synthetic:gini=0.6",
-                   help="synthetic:gini=G[,layer_overlap=L,workload_overlap=W,seed=N] | profile:DIR | tiny")
+                   help="synthetic:gini=G[,layer_overlap=L,workload_overlap=W,concentration=A,doc_concentration=D,"
+                        "calibration=MIX,workload=MIX,seed=N] (unset fields: the measured defaults of "
+                        "data/routing/tiny-defaults.yaml) | profile:DIR[,run=DIR2|,workload_overlap=W] | "
+                        "tiny[:workload=NAME]")
     p.add_argument("--platforms", "--platform", dest="platforms", default="m2-max",
                    help="comma list of modeled platforms (default m2-max)")
     p.add_argument("--variants", "--variant", dest="variants", default="all",

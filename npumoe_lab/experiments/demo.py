@@ -39,6 +39,7 @@ WARM_UP = ("from npumoe_lab.experiments import notebook_helpers as nb\n"
            "from npumoe_lab.experiments import runner\nfrom npumoe_lab.viz import plots\n"
            "nb.load({model!r}, {dtype!r})")
 SUMMARY_COLUMNS = ("ttft_s", "energy_per_token_mj", "cpu_cycles", "n_npu_calls", "drop_rate", "score")
+PLAN_COLUMNS = ("n_npu_groups", "n_cpu_groups", "npu_expert_flop_share")    # what each plan did (footprint.py)
 
 
 # -- the demo ---------------------------------------------------------------------------------------------------
@@ -63,16 +64,21 @@ def summary_markdown(df: pd.DataFrame, sources: dict) -> str:
     for (p, c), g in df.groupby(["prompt_len", "chunk"]):
         lines += [f"## prompt {p} tokens, chunk {c} (median of {int(g.groupby(['variant', 'platform']).size().max())}"
                   f" row(s) per cell)", "",
-                  "| variant | platform | timing | TTFT (s) | energy/token (mJ) | CPU cycles | NPU calls | drop rate | "
-                  "score |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+                  "| variant | platform | timing | TTFT (s) | energy/token (mJ) | CPU cycles | NPU calls | NPU groups "
+                  "(expert FLOP share) | drop rate | score |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        cols = {c_: "median" for c_ in SUMMARY_COLUMNS + PLAN_COLUMNS if c_ in g.columns}
         agg = g.groupby(["platform", "variant"], sort=False).agg(
-            {**{c_: "median" for c_ in SUMMARY_COLUMNS}, "timing_source": "first"}).reset_index()
+            {**cols, "timing_source": "first"}).reset_index()
         order = {v: i for i, v in enumerate(VARIANTS)}
         agg = agg.sort_values(["platform", "variant"], key=lambda s: s.map(order) if s.name == "variant" else s)
         for r in agg.itertuples():
+            groups = (f"{r.n_npu_groups:.0f} of {r.n_npu_groups + r.n_cpu_groups:.0f} "
+                      f"({r.npu_expert_flop_share:.0%})" if hasattr(r, "n_npu_groups") and r.n_cpu_groups == r.n_cpu_groups
+                      else "-")
             lines.append(f"| {r.variant} | {r.platform} | {r.timing_source} | {r.ttft_s:.4g} | "
-                         f"{r.energy_per_token_mj:.4g} | {r.cpu_cycles:.3g} | {r.n_npu_calls:.0f} | "
+                         f"{r.energy_per_token_mj:.4g} | {r.cpu_cycles:.3g} | {r.n_npu_calls:.0f} | {groups} | "
                          f"{r.drop_rate:.1%} | {r.score:.3f} |")
+        lines += ["", *_degenerate_lines(agg.assign(model="tiny", prompt_len=p, chunk=c))]
         lines += ["", "Ablation: TTFT speedup over npumoe-base at each step's own drop rate (paper, PAPER.md 5.5: "
                   + " / ".join(f"{PAPER_ABLATION_SPEEDUP[v]:.2f}" for v in ABLATION) + ")", ""]
         lines += _ablation_table(agg)
@@ -88,17 +94,31 @@ def summary_markdown(df: pd.DataFrame, sources: dict) -> str:
     return "\n".join(lines)
 
 
+def _degenerate_lines(agg: pd.DataFrame) -> list[str]:
+    """npumoe = anemll where its plan leaves no expert group on the NPU; and the note that one variant name is a
+    different plan per platform (the NPU groups column says which)."""
+    from npumoe_lab.sim.degenerate import npu_idle_note   # lazy, as above
+    out = npu_idle_note(agg)
+    if "n_npu_groups" in agg.columns and agg[agg.variant == "npumoe"].n_npu_groups.nunique() > 1:
+        out.append("The same variant name is a different plan on each platform: npumoe's residency is chosen for "
+                   "the platform's cost model (NPU groups column).")
+    return out + [""] if out else []
+
+
 def _ablation_table(agg: pd.DataFrame) -> list[str]:
     """Speedups over npumoe-base, each with the drop rate of its step (a speedup bought with drops is another
-    accuracy point)."""
+    accuracy point); a step equal to an earlier one (or npumoe = anemll) is marked, not reported as a speedup."""
     # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
     from npumoe_lab.planning.variants import ABLATION, PAPER_ABLATION_SPEEDUP
+    from npumoe_lab.sim.degenerate import equal_to
+    same = equal_to(agg.assign(model="-", prompt_len=0, chunk=0))
     lines = ["| platform | timing | " + " | ".join(ABLATION) + " |", "|---|---|" + "---:|" * len(ABLATION)]
     for plat, pg in agg.groupby("platform", sort=False):
         t, d = pg.set_index("variant").ttft_s, pg.set_index("variant").drop_rate
         if "npumoe-base" not in t:
             continue
-        cells = [f"{t['npumoe-base'] / t[v]:.2f}x at {d[v]:.1%} drop (paper {PAPER_ABLATION_SPEEDUP[v]:.2f}x)"
+        cells = [(f"= {same[('-', plat, 0, 0, v)]} (no speedup of its own)" if ("-", plat, 0, 0, v) in same else
+                  f"{t['npumoe-base'] / t[v]:.2f}x at {d[v]:.1%} drop") + f" (paper {PAPER_ABLATION_SPEEDUP[v]:.2f}x)"
                  if v in t else "-" for v in ABLATION]
         lines.append(f"| {plat} | {pg.timing_source.iloc[0]} | " + " | ".join(cells) + " |")
     return lines

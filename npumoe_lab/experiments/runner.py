@@ -20,6 +20,7 @@ from npumoe_lab.devices.hostload import HostLoad, warn_if_busy
 from npumoe_lab.execution.drift import DriftMonitor
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.experts import attach, detach, dropless_executor, set_executor
+from npumoe_lab.execution.footprint import plan_columns
 from npumoe_lab.execution.geometry import ModelGeometry
 from npumoe_lab.planning.knobs import PlanKnobs
 from npumoe_lab.planning.layout import ExecutionLayout
@@ -84,6 +85,7 @@ class _Variant:
     acc: list = field(default_factory=list)        # per sample: score, ref_score, nll, agreement
     mine: list = field(default_factory=list)       # per sample Numerics of this run
     load: HostLoad = field(default_factory=HostLoad)
+    layout: object = None            # the ExecutionLayout the variant runs (None: HF's experts): what the plan did
 
 
 @dataclass
@@ -194,15 +196,18 @@ class _Run:
             mon = None
             if drift and used is not None:     # after the warm-up: only the samples' routing is monitored
                 mon = self.model._npumoe.executor.monitor = DriftMonitor(used, profile)
+            layout = ExecutionLayout.dropless(self.specs) if v.experts == "dynamic" else \
+                (used.compile() if used is not None else None)
             key = numerics_key(v, used, config)
             out.append(_Variant(v, interleave.snapshot(self.model), used, config, mon, key,
-                                self.shared.get(key) if share_numerics else None))
+                                self.shared.get(key) if share_numerics else None, layout=layout))
         return out
 
     def prefill(self, plat, prepared: list[_Variant], reps, share_numerics, geometry, timeline, tl_frames,
                 bar) -> None:
         """Step 5: every repeat x sample x variant prefilled (or priced from an equal-numerics run), variants
         interleaved: a slow spell of the host hits every variant alike."""
+        n_experts = sum(s.n_experts for s in self.specs)
         for p in prepared:
             p.per_rep = [[] for _ in range(reps)]
             p.per_draw = [[] for _ in range(reps)]
@@ -221,6 +226,7 @@ class _Run:
                         with p.load.measuring():
                             res = run_prefill(self.model, ids, config, measure_hf_experts=v.experts == "hf")
                         ops = res.ops
+                    res.summary.update(plan_columns(p.layout, res.events, plat, n_experts))   # what the plan did
                     p.per_rep[r].append(res.summary)
                     p.per_draw[r].append(ops_draw_metrics(ops, plat, len(s.input_ids), self.drawn))
                     if timeline and r == 0:

@@ -3,4 +3,4 @@ PlanKnobs and the CLI's flags list them without importing numpy or torch (`--hel
 
 CAPACITY_RULES = ("tiered", "optimal", "uniform", "max_observed")     # planning/tiers.py
 ORDERS = ("popularity", "coactivation")                               # planning/grouping.py
-RESIDENCY_MODES = ("threshold", "cost", "all")                        # planning/residency.py
+RESIDENCY_MODES = ("threshold", "cost", "all", "makespan")                        # planning/residency.py

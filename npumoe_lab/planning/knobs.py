@@ -27,11 +27,14 @@ class PlanKnobs:
     group_size: int = knob(8, "experts per static group (one NPU graph each)", minimum=1)
     order: str = knob("popularity", "how experts are ordered into groups", ORDERS)
     strict: bool = knob(False, "error when the group size exceeds a tier")
-    residency: str | None = knob(None, "which groups stay on the NPU (default: cost, or threshold when "
-                                       "hot_threshold is given or there is no platform)", RESIDENCY_MODES)
+    residency: str | None = knob(None, "which groups stay on the NPU (default: makespan, or threshold "
+                                       "when hot_threshold is given or there is no platform; cost: the old "
+                                       "group-by-group rule)", RESIDENCY_MODES)
     hot_threshold: float | None = knob(None, "expected tokens per chunk for a resident group (threshold rule; "
                                              "default chunk*top_k/n_experts)", minimum=0)
     npu_memory_budget_bytes: int | None = knob(None, "bytes of expert weights allowed on the NPU", minimum=0)
+    npu_program_budget: int | None = knob(None, "resident expert-group programs allowed on the NPU over all layers "
+                                                "(makespan residency; the ANE keeps ~120 per process)", minimum=0)
     saliency: str = knob("weight_x_norm", "which overflow assignments are kept", SALIENCY_RULES)
     renormalize: bool = knob(False, "renormalise the kept top-k weights after drops")
     dtype_bytes: int = knob(2, "bytes per weight element on the NPU (graph size limits)", minimum=1)

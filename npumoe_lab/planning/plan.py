@@ -4,7 +4,9 @@ Built from a CalibrationProfile (`build_plan`), stored as versioned, hashed JSON
 Variants (variants.py) are plans built with forced knobs: `variant_plan(profile, "npumoe-tg", **plan.build_kwargs())`
 rebuilds any variant from the same profile and knobs (npumoe-base: uniform capacity, G=1, all resident;
 npumoe-t: tiers, G=1, all resident; npumoe-tg: tiers + groups, all resident; npumoe: + residency;
-naive-npu: max observed capacity per expert, G=1, all resident).
+naive-npu: max observed capacity per expert, G=1, all resident). With a platform, npumoe's residency is
+the `makespan` rule, so the same variant name gives different plans on different platforms (rows say it:
+n_npu_groups, n_cpu_groups, npu_expert_flop_share).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from npumoe_lab.planning.grouping import make_groups_with_notes
 from npumoe_lab.planning.knobs import PlanKnobs
 from npumoe_lab.planning.layout import ExecutionLayout, LayerLayout, check_model
 from npumoe_lab.models import describe, model_fingerprint
+from npumoe_lab.planning.makespan import LayerCase, LayerMakespan, fit_program_budget
 from npumoe_lab.planning.residency import assign_residency, fit_budget
 from npumoe_lab.core.saliency import check_rule
 from npumoe_lab.planning.tiers import assign_tiers, expected_drop_rate, expected_kept_tokens, expected_padding
@@ -193,12 +196,13 @@ def _specs(profile, model_or_specs) -> list:
 
 
 def _residency_rule(k: PlanKnobs, platform) -> str:
-    """The residency rule a plan uses: the knob's, else "cost", or "threshold" with a hot_threshold or no platform."""
+    """The residency rule a plan uses: the knob's, else "makespan", or "threshold" with a hot_threshold or no
+    platform."""
     if k.residency is None:
-        return "threshold" if k.hot_threshold is not None or platform is None else "cost"
-    if k.residency == "cost" and k.hot_threshold is not None:
+        return "threshold" if k.hot_threshold is not None or platform is None else "makespan"
+    if k.residency in ("cost", "makespan") and k.hot_threshold is not None:
         raise NpuMoeError(f"hot_threshold={k.hot_threshold} applies to residency 'threshold' only; pass "
-                          f"residency='threshold' with it, or drop it for the cost rule")
+                          f"residency='threshold' with it, or drop it for the {k.residency} rule")
     return k.residency
 
 
@@ -226,7 +230,8 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
     profile). `platform` (a Platform, or a name resolved here) gives the graph limits and the cost model; None = no
     device limits and no cost model. `knobs`: a `knobs.PlanKnobs` (or a dict of knob values; None: the defaults),
     `overrides` single knobs on top (tiers=3, percentile=90, group_size=8, ...: defaults and checks live in
-    PlanKnobs). `residency=None`: "cost" (each group where the platform's model runs it faster), or "threshold"
+    PlanKnobs). `residency=None`: "makespan" (the resident set with the shortest modeled layer-chunk, NPU and
+    CPU queues overlapping; "cost" is the old group-by-group rule), or "threshold"
     when a hot_threshold is given (the ablation knob) or there is no platform; `hot_threshold=None` in threshold
     mode = one balanced expert's load, chunk * top_k / n_experts. The graph byte budget counts the NPU's stored
     weight size (platform npu.weight_bytes, e.g. 1 for int8), else dtype_bytes."""
@@ -239,7 +244,7 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
     limit = getattr(npu, "graph_limit_bytes", None)
     max_dim = getattr(npu, "max_dim", None)
     weight_size = getattr(npu, "weight_bytes", None) or k.dtype_bytes    # what the NPU graph stores per weight
-    layers, all_groups, flags = [], [], []
+    layers, all_groups, flags, budgeted = [], [], [], []
     for spec in specs:
         if spec.layer not in profile.layers:
             raise NpuMoeError(f"MoE layer {spec.layer} is not in the calibration profile (layers {profile.layers}); "
@@ -268,7 +273,13 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
         routed = counts.mean(axis=1)         # expected routed tokens per chunk per expert: the CPU's load
         routed_ = routed.tolist()            # Python floats: the same sums, without a NumPy scalar per expert
         loads = [float(sum(routed_[e] for e in g.experts)) for g in groups]
-        flags += assign_residency(groups, residency, thr, plat, spec, None, k.dtype_bytes, loads=loads)
+        layer_flags = assign_residency(groups, residency, thr, plat, spec, None, k.dtype_bytes, loads=loads,
+                                       counts=counts, chunk=profile.chunk, npu_weight_bytes=weight_size)
+        if k.npu_program_budget is not None and groups and residency == "makespan":
+            budgeted.append((LayerMakespan(LayerCase([(g.experts, g.capacity) for g in groups], counts, spec.hidden,
+                                                     spec.intermediate, spec.top_k, profile.chunk, k.dtype_bytes,
+                                                     weight_size), plat), layer_flags))
+        flags += layer_flags
         all_groups += groups
         static = _memo(profile, ("entry", shape, tier_args, group_args), lambda: dict(
             capacity=assign.capacity.tolist(), tier=assign.tier.tolist(), tier_capacities=list(assign.tier_capacities),
@@ -282,6 +293,13 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
                        "groups": [dict(g) for g in static["groups"]],
                        "expected_padding": static["expected_padding"],
                        "expected_drop_rate": static["expected_drop_rate"], "hot_threshold": thr, "notes": notes})
+    program_budget = k.npu_program_budget
+    if program_budget is not None and residency == "makespan":   # one budget over all layers, least makespan lost
+        flags = [f for layer in fit_program_budget(budgeted, program_budget) for f in layer]
+    elif program_budget is not None:        # other rules: the groups expecting the most tokens keep their program
+        keep = set(sorted((i for i, f in enumerate(flags) if f),
+                          key=lambda i: (-all_groups[i].expected_tokens, i))[:program_budget])
+        flags = [i in keep for i in range(len(flags))]
     flags = iter(fit_budget(all_groups, flags, k.npu_memory_budget_bytes))   # one budget over all layers
     for lp in layers:
         for g in lp["groups"]:

@@ -1,9 +1,12 @@
 """Load-aware graph residency (PAPER.md 3.4): which expert groups keep a compiled graph on the NPU.
 
 Modes (`RESIDENCY_MODES`):
+- `makespan` (the default of build_plan with a platform): the resident set that minimises the modeled makespan of
+  the layer-chunk, NPU and CPU queues overlapping as the timeline schedules them (makespan.py); never slower in the
+  model than all resident (npumoe-tg) or none (anemll's expert placement), both of which it evaluates.
 - `threshold`: a group is resident when its expected kept tokens per chunk >= `hot_threshold` (the knob the
   ablation sweeps).
-- `cost` (the default of build_plan): a group is resident only when one NPU call over its static [G, C, hidden]
+- `cost` (the old per-group rule, kept for comparison: bench/residency.py): a group is resident only when one NPU call over its static [G, C, hidden]
   buffer (the platform's estimate: dispatch + sync + compute at the GEMM's shape, weights at the NPU's
   weight_bytes) is strictly faster than the CPU running the same experts at its expected load (the tokens routed
   to it, not the padded capacity; one CPU op call per expert, as the engine's cold path runs them). A group
@@ -12,7 +15,8 @@ Modes (`RESIDENCY_MODES`):
   and adds less than it removed to the CPU side (a combined op costs at most the sum of its parts).
 - `all`: every group is resident (npumoe-base/-t/-tg, naive-npu).
 In every mode the resident set is then fitted into `npu_memory_budget_bytes` (when given) greedily by expected
-tokens per weight byte: a group that does not fit is skipped and smaller ones are still tried.
+tokens per weight byte: a group that does not fit is skipped and smaller ones are still tried. A program budget
+(plan knob `npu_program_budget`, over all layers) is applied by plan.build_plan (makespan.fit_program_budget).
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import math
 from npumoe_lab.devices.cost import expert_ffn_cost
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.planning.choices import RESIDENCY_MODES  # noqa: F401 - named apart: the CLI lists it without numpy
+from npumoe_lab.planning.makespan import LayerCase, choose_resident
 
 
 
@@ -66,13 +71,22 @@ def fit_budget(groups, resident: list[bool], budget_bytes: int | None) -> list[b
 
 def assign_residency(groups, mode: str = "threshold", hot_threshold: float | None = None, platform=None,
                      spec=None, npu_memory_budget_bytes: int | None = None, dtype_bytes: int = 2,
-                     loads=None) -> list[bool]:
+                     loads=None, counts=None, chunk: int | None = None, npu_weight_bytes: int | None = None
+                     ) -> list[bool]:
     """One flag per group (True = resident on the NPU, False = runs on the CPU). `loads` (cost mode): expected
     tokens per chunk each group would take on the CPU (the routed load: the CPU path drops nothing); default
-    each group's expected kept tokens."""
+    each group's expected kept tokens. `counts` [E, chunks] and `chunk` (makespan mode): the calibration's routed
+    counts per expert and chunk, and the chunk length."""
     if mode not in RESIDENCY_MODES:
         raise NpuMoeError(f"unknown residency mode {mode!r}; use one of: {', '.join(RESIDENCY_MODES)}")
-    if mode == "all":
+    if mode == "makespan":
+        if platform is None or spec is None or counts is None or chunk is None:
+            raise NpuMoeError("residency 'makespan' needs a platform, the layer's MoELayerSpec, its calibration "
+                              "counts [experts, chunks] and the chunk; use build_plan, or mode='threshold'")
+        case = LayerCase([(g.experts, g.capacity) for g in groups], counts, spec.hidden, spec.intermediate,
+                         spec.top_k, int(chunk), dtype_bytes, npu_weight_bytes)
+        resident = choose_resident(case, platform)[0]
+    elif mode == "all":
         resident = [True] * len(groups)
     elif mode == "threshold":
         if hot_threshold is None or hot_threshold < 0:

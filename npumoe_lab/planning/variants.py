@@ -35,9 +35,9 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in [
             dict(capacity_rule="tiered", group_size=1, residency="all")),
     Variant("npumoe-tg", "+ grouped expert execution (one graph per group of same-tier experts)", "npu", "plan",
             dict(capacity_rule="tiered", residency="all")),
-    # residency: build_plan's default, the cost rule (threshold when a hot_threshold knob is given: the ablation)
-    Variant("npumoe", "+ load-aware residency: a group stays on the NPU only where the platform model runs it "
-            "faster than the CPU at its expected load, the rest on the CPU (full NPUMoE)",
+    # residency: build_plan's default, the makespan rule (threshold when a hot_threshold knob is given: the ablation)
+    Variant("npumoe", "+ load-aware residency: the resident groups that give the shortest modeled layer-chunk, "
+            "the NPU queue overlapping the CPU's cold experts, the rest on the CPU (full NPUMoE)",
             "npu", "plan", dict(capacity_rule="tiered")),
     Variant("npumoe-spill", "NPUMoE, but overflow assignments are computed on the CPU instead of dropped", "npu",
             "plan", dict(capacity_rule="tiered"), spill=True),

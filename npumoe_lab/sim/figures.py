@@ -55,7 +55,9 @@ def paper_check_figure(table: pd.DataFrame) -> Figure:
         ax.legend(fontsize=7, loc="lower right")
     ax.axvline(1.0, color="black", lw=1)
     ax.set_xscale("log")
-    ax.set_yticks(y, t["quantity"], fontsize=7)
+    used = t["npumoe_used_npu"] if "npumoe_used_npu" in t else pd.Series("-", index=t.index)
+    labels = [q + (" [npumoe = anemll here]" if str(u).startswith("no") else "") for q, u in zip(t["quantity"], used)]
+    ax.set_yticks(y, labels, fontsize=7)
     ax.set_xlabel("modeled / paper (1 = agreement; green within 0.8-1.25x) — model values are modeled")
     ax.set_title("NPUMoE paper numbers vs the workbench's device model (unfitted)", fontsize=9)
     return fig

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from npumoe_lab.planning.variants import ABLATION, PAPER_ABLATION_SPEEDUP
+from npumoe_lab.sim.degenerate import equal_to, npu_idle_note
 
 # PAPER.md 5.1 / 5.2 (the paper's measurements on M2 Max / M2 Ultra; what the model is compared with)
 PAPER_RANGES = {"latency vs baselines": (1.32, 5.55), "energy vs baselines": (1.81, 7.37),
@@ -50,11 +51,22 @@ def ablation_markdown(df: pd.DataFrame) -> list[str]:
     t = df[df.variant.isin(ABLATION)].pivot_table(index=KEYS, columns="variant", values="ttft_s")
     if "npumoe-base" not in t:
         return []
+    same = equal_to(df)
     lines = ["| model | platform | " + " | ".join(ABLATION) + " |", "|---|---|" + "---:|" * len(ABLATION)]
     for (m, p), g in t.groupby(level=["model", "platform"]):
-        lines.append(f"| {m} | {p} | " + " | ".join(_range(g["npumoe-base"] / g[v]) if v in g else "-"
-                                                    for v in ABLATION) + " |")
+        cells = []
+        for v in ABLATION:
+            if v not in g:
+                cells.append("-")
+                continue
+            eq = sorted({same[(*i, v)] for i in g.index if (*i, v) in same})
+            n_eq = sum((*i, v) in same for i in g.index)
+            mark = f" (= {'/'.join(eq)} in {n_eq} of {len(g)})" if eq else ""
+            cells.append(_range(g["npumoe-base"] / g[v]) + mark)
+        lines.append(f"| {m} | {p} | " + " | ".join(cells) + " |")
     lines.append("| paper | M2 Ultra | " + " | ".join(f"{PAPER_ABLATION_SPEEDUP[v]:.2f}x" for v in ABLATION) + " |")
+    lines += ["", "(= X: the step's TTFT equals step X's, or for npumoe its plan leaves no expert group on the NPU "
+              "(= anemll): not a speedup of its own.)"]
     return lines
 
 
@@ -89,7 +101,15 @@ def paper_scale_markdown(df: pd.DataFrame) -> str:
              f"with routing `{src}` (Gini of the sampled counts {gini:.2f}); prompts "
              f"{sorted(set(df.prompt_len))}, chunks {sorted(set(df.chunk))}. Ratios are baseline / npumoe "
              "(> 1: npumoe better), ranges over prompt and chunk.", ""]
-    lines += speedup_markdown(df) + ["", "Ablation (TTFT speedup over npumoe-base, modeled):", ""]
+    lines += speedup_markdown(df) + [""] + npu_idle_note(df)
+    if "n_npu_groups" in df.columns:
+        used = df[df.variant == "npumoe"]
+        lines += ["", f"npumoe's residency (makespan rule) differs by platform: NPU expert groups "
+                  + ", ".join(f"{m} on {p}: {int(g.n_npu_groups.min())}-{int(g.n_npu_groups.max())} of "
+                              f"{int((g.n_npu_groups + g.n_cpu_groups).max())} "
+                              f"({100 * g.npu_expert_flop_share.mean():.0f}% of the expert FLOPs)"
+                              for (m, p), g in used.groupby(["model", "platform"])) + "."]
+    lines += ["", "Ablation (TTFT speedup over npumoe-base, modeled):", ""]
     lines += ablation_markdown(df) + ["", "Where NPUMoE loses in the model:", ""] + losses(df)
     return "\n".join(lines)
 

@@ -1,18 +1,28 @@
 """Routing sources for simulation: where a simulated prefill's expert choices come from.
 
-- `profile:DIR` (or a directory): a calibration profile from `npumoe-lab calibrate` (e.g. run on a Mac with the
-  real checkpoint); the popularity per layer is its routed share per expert.
-- `synthetic:gini=G|zipf=S[,layer_overlap=L][,workload_overlap=W][,seed=N]`: per-layer popularity ~ (rank+1)^-s,
-  s solved so that the *sampled* per-expert counts reach Gini G; hot sets shared between layers (L: fraction of the
-  rank->expert map kept from the previous layer; 0 = independent) and between the calibration and the run workload
-  (W: 1 = the same distribution, lower = drift).
-- `tiny` : the bundled model's calibrated popularity (4 layers) stretched to E experts, layer l taking tiny layer
-  l mod 4 (what bench/ samples its routing from).
+- `synthetic:gini=G|zipf=S[,FIELD=VALUE...]`: per-layer popularity ~ (rank+1)^-s, s solved so that the *sampled*
+  per-expert counts reach Gini G; hot sets shared between layers (layer_overlap L: fraction of the rank->expert map
+  kept from the previous layer; 0 = independent). Text-like variation (textlike.py): every named workload has its
+  own hot set (workload_overlap W: fraction of the map kept; 1 = one hot set for all), a document's popularity
+  ~ Dirichlet around its workload's (doc_concentration), each chunk's ~ Dirichlet around its document's
+  (concentration); the plan is calibrated on the `calibration` mix (documents cycling over its workloads) and the
+  prompt is one document of `workload`. Fields not given take the measured defaults of
+  data/routing/tiny-defaults.yaml (`npumoe-lab routing-stats` derives them from the bundled model's routing);
+  `routing_source` states every value and where the defaults came from. Each field at most once.
+- `profile:DIR[,run=DIR2][,workload_overlap=W]` (or a directory): a calibration profile from `npumoe-lab calibrate`
+  (e.g. run on a Mac with the real checkpoint): the plan is calibrated on its counts; the prompt's chunks replay the
+  per-chunk popularity of DIR2's recorded chunks (its per-chunk structure kept), by default of DIR's own chunks with
+  the measured hot-set shift applied (a fraction 1 - W of the expert ids permuted; W=1: DIR itself).
+- `tiny[:workload=NAME]` : the bundled model's own routing. Plain `tiny`: its calibrated popularity (mixed text,
+  4096 tokens) stretched to E experts, layer l taking tiny layer l mod 4 (what bench/ samples its routing from).
+  With a workload (geometries of 32 experts, e.g. data/models/npumoe-tiny): planned on its real mixed-text profile
+  (chunk 256), the prompt routed by that workload's held-out popularity with the measured per-document and
+  per-chunk variation: what the 3-point test against its measured drop and padding uses.
 - recorded routing (Python only, `RecordedRouting`): per chunk and layer, the exact choices a real run made.
 
-Per chunk, routing is sampled token by token: K distinct experts per token drawn in proportion to the popularity
-(Gumbel top-k), so drop and padding rates are real consequences of a plan's capacities against each chunk's counts.
-Synthetic routing carries no hidden-state norms (norms = 1: saliency reduces to the router weight).
+Per chunk, routing is sampled token by token: K distinct experts per token drawn in proportion to the chunk's
+popularity (Gumbel top-k), so drop and padding rates are real consequences of a plan's capacities against each
+chunk's counts. Synthetic routing carries no hidden-state norms (norms = 1: saliency reduces to the router weight).
 """
 from __future__ import annotations
 
@@ -27,9 +37,12 @@ import torch
 from npumoe_lab.planning.profile import CalibrationProfile
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.models import load_model
+from npumoe_lab.sim.textlike import (WORKLOAD_NAMES, check_concentration, dirichlet, load_defaults, mix_names,
+                                     tv_overlap)
 
 CALIBRATION_TOKENS = 8192        # sampled calibration tokens when a source has no per-chunk counts at this chunk
 MIN_CALIBRATION_CHUNKS = 8
+CALIBRATION_DOC_CHUNKS = 4       # sampled calibration chunks per document (a new document's popularity after each)
 
 
 def gini(x) -> float:
@@ -108,10 +121,13 @@ class PopularityRouting:
     run: dict                              # layer -> [E] shares the prompt is routed by
     profile: CalibrationProfile | None = None    # a real profile: planned on its own counts at its own chunk
     top_k: int = 1                               # experts per token (for the Gini before any run is sampled)
+    concentration: float | None = None           # per-chunk Dirichlet concentration per expert (None: none)
+    doc_concentration: float | None = None       # per-document one
+    calib_sources: dict | None = None            # layer -> [S, E] popularity of each workload of the calibration mix
+    run_records: dict | None = None              # layer -> [n, E] recorded per-chunk popularity the prompt replays
+    calib_records: dict | None = None            # layer -> [n, E] recorded per-chunk popularity for calibration
     _gini: dict = field(default_factory=dict, repr=False)       # layer -> Gini of the last sampled run's counts
     _profiles: dict = field(default_factory=dict, repr=False)   # (chunk, seed) -> sampled calibration profile
-    _sampled: dict = field(default_factory=dict, repr=False)    # last run draws: (generator, chunks, counts)
-    _calib_draws: dict = field(default_factory=dict, repr=False)   # (tokens, seed) -> [idx per layer]
 
     def gini(self) -> float:
         """Mean over layers of the Gini of the run's sampled per-expert counts (what the simulation sees); before
@@ -121,28 +137,24 @@ class PopularityRouting:
         return float(np.mean([self._gini[layer] for layer in sorted(self._gini)]))
 
     def chunks(self, specs, prompt_len: int, chunk: int, seed: int = 0):
-        """[chunk index] -> {layer: (top_k_index [chunk, K], top_k_weights [chunk, K], norms [chunk])}.
-        Chunks are drawn in order from one generator, so a shorter prompt's chunks are a longer one's first chunks:
-        the last draw is kept and extended (a grid of prompt lengths samples the longest once)."""
-        key = (tuple(s.layer for s in specs), chunk, seed)
-        kept = self._sampled.get(key)
-        if kept is None:
-            if len(self._sampled) >= 4:          # the last few draws (one per chunk size of a grid), bounded
-                self._sampled.pop(next(iter(self._sampled)))
-            kept = self._sampled[key] = (np.random.default_rng(seed + 1), [], [])
-        g, out, per_chunk = kept
-        while len(out) < math.ceil(prompt_len / chunk):
-            per_layer, counts = {}, {}
+        """[chunk index] -> {layer: (top_k_index [chunk, K], top_k_weights [chunk, K], norms [chunk])}."""
+        g = np.random.default_rng(seed + 1)
+        out, counts = [], {s.layer: np.zeros(s.n_experts) for s in specs}
+        doc = {s.layer: dirichlet(self.run[s.layer], self.doc_concentration, g) for s in specs}  # one document
+        for c in range(math.ceil(prompt_len / chunk)):
+            per_layer = {}
             for s in specs:
-                idx, w = sample_routing(self.run[s.layer], chunk, s.top_k, g)
+                if self.run_records is not None:
+                    rec = self.run_records[s.layer]
+                    shares = rec[c % len(rec)]
+                else:
+                    shares = dirichlet(doc[s.layer], self.concentration, g)
+                idx, w = sample_routing(shares, chunk, s.top_k, g)
                 per_layer[s.layer] = (idx, w, torch.ones(chunk))
-                counts[s.layer] = np.bincount(idx.reshape(-1).numpy(), minlength=s.n_experts)
+                counts[s.layer] += np.bincount(idx.reshape(-1).numpy(), minlength=s.n_experts)
             out.append(per_layer)
-            per_chunk.append(counts)
-        n = math.ceil(prompt_len / chunk)
-        self._gini = {s.layer: gini(np.sum([c[s.layer] for c in per_chunk[:n]], axis=0, dtype=float))
-                      for s in specs}
-        return out[:n]
+        self._gini = {layer: gini(c) for layer, c in counts.items()}
+        return out
 
     def calibration_profile(self, specs, chunk: int, seed: int = 0) -> CalibrationProfile:
         """The profile plans are built from: the real one at its own chunk, else chunks sampled from the
@@ -154,17 +166,26 @@ class PopularityRouting:
         g = np.random.default_rng(seed)
         rows, matrices = [], {}
         n_chunks = max(MIN_CALIBRATION_CHUNKS, CALIBRATION_TOKENS // chunk)
-        # the same token count from the same seed draws the same tokens: chunk sizes of 256..1024 share one draw
-        dkey = (tuple(s.layer for s in specs), chunk * n_chunks, seed)
-        draws = self._calib_draws.get(dkey)
-        if draws is None:                   # only the last draw is kept (a sweep over seeds stays bounded)
-            self._calib_draws = {}
-            draws = self._calib_draws[dkey] = [sample_routing(self.calibration[s.layer], chunk * n_chunks, s.top_k,
-                                                              g)[0].numpy() for s in specs]
-        for s, idx in zip(specs, draws):
-            chunk_of = np.repeat(np.arange(n_chunks), chunk * s.top_k)
-            m = np.bincount(idx.reshape(-1) * n_chunks + chunk_of, minlength=s.n_experts * n_chunks)
-            m = m.reshape(s.n_experts, n_chunks).astype(np.int64)
+        varied = self.concentration is not None or self.doc_concentration is not None or \
+            self.calib_sources is not None or self.calib_records is not None
+        for s in specs:
+            m = np.zeros((s.n_experts, n_chunks), dtype=np.int64)
+            if not varied:       # one popularity for every chunk: all tokens in one draw
+                idx = sample_routing(self.calibration[s.layer], chunk * n_chunks, s.top_k, g)[0].numpy()
+                chunk_of = np.repeat(np.arange(n_chunks), chunk * s.top_k)
+                np.add.at(m, (idx.reshape(-1), chunk_of), 1)
+            for j in range(n_chunks if varied else 0):
+                if self.calib_records is not None:
+                    rec = self.calib_records[s.layer]
+                    shares = rec[j % len(rec)]
+                else:
+                    if j % CALIBRATION_DOC_CHUNKS == 0:      # a new document, of the mix's next workload
+                        src = self.calib_sources[s.layer] if self.calib_sources is not None else \
+                            self.calibration[s.layer][None]
+                        doc = dirichlet(src[(j // CALIBRATION_DOC_CHUNKS) % len(src)], self.doc_concentration, g)
+                    shares = dirichlet(doc, self.concentration, g)
+                idx = sample_routing(shares, chunk, s.top_k, g)[0].numpy()
+                m[:, j] = np.bincount(idx.reshape(-1), minlength=s.n_experts)
             matrices[s.layer] = m
             rows.append(pd.DataFrame({"layer": s.layer, "expert": np.repeat(np.arange(s.n_experts), m.shape[1]),
                                       "chunk_id": np.tile(np.arange(m.shape[1]), s.n_experts),
@@ -218,53 +239,165 @@ def _shares(profile: CalibrationProfile, layer: int) -> np.ndarray:
     return m / m.sum()
 
 
-def _parse_params(text: str, allowed: dict) -> dict:
+def _parse_params(text: str, allowed: dict, kind: str = "synthetic") -> dict:
+    """'k=v,k=v' -> {k: cast(v)}: each key known and given once, each value of its type."""
     out = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, _, value = part.partition("=")
-        if key in out:
-            raise NpuMoeError(f"synthetic routing parameter {key} is given twice ({text!r}); give it once")
+        key, value = key.strip(), value.strip()
         if key not in allowed or not value:
-            raise NpuMoeError(f"synthetic routing parameter {part!r} is unknown; use {', '.join(allowed)} as "
-                              "key=value (e.g. synthetic:gini=0.6,layer_overlap=0.5)")
+            raise NpuMoeError(f"{kind} routing parameter {part!r} is unknown; use {', '.join(allowed)} as key=value "
+                              "(e.g. synthetic:gini=0.6,layer_overlap=0.5)")
+        if key in out:
+            raise NpuMoeError(f"{kind} routing parameter {key!r} is given twice ({key}={out[key]!r} and {part!r}); "
+                              "give each field once")
         try:
             out[key] = allowed[key](value)
         except ValueError:
-            raise NpuMoeError(f"synthetic routing parameter {key}={value!r} is not a number") from None
+            raise NpuMoeError(f"{kind} routing parameter {key}={value!r} is not a number") from None
     return out
 
 
+WORKLOAD_INDEX = {n: i for i, n in enumerate(sorted(WORKLOAD_NAMES))}   # seeds each workload's own hot set
+SYNTHETIC_FIELDS = {"gini": float, "zipf": float, "layer_overlap": float, "workload_overlap": float,
+                    "concentration": float, "doc_concentration": float, "calibration": str, "workload": str,
+                    "seed": int}
+
+
+def _fmt(v) -> str:
+    return "inf" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+
+
+OVERLAP_GRID = np.linspace(0.0, 1.0, 21)
+
+
+def mix_overlap_curve(curve, n_mix: int, seed: int = 0, reps: int = 8) -> np.ndarray:
+    """Mean 1 - TV(mix of n_mix workloads, one member) of the synthetic workload model at each OVERLAP_GRID value
+    (each workload: the shared rank -> expert map with a fraction 1 - W permuted; popularity `curve` by rank)."""
+    curve = np.sort(np.asarray(curve, dtype=np.float64))[::-1]
+    E, vals = len(curve), []
+    for w in OVERLAP_GRID:
+        tv = []
+        for r in range(reps):
+            perm = np.random.default_rng([seed, r]).permutation(E)
+            pops = [curve[np.argsort(_reshuffle(perm, w, np.random.default_rng([seed, r, i])))]
+                    for i in range(max(n_mix, 2))]
+            mix = np.mean(pops[:n_mix] if n_mix > 1 else pops[:1], axis=0)
+            tv += [tv_overlap(mix, q) for q in (pops[:n_mix] if n_mix > 1 else pops[1:2])]
+        vals.append(np.mean(tv))
+    return np.maximum.accumulate(np.array(vals))          # the overlap rises with W
+
+
+def overlap_for_tv(curve, n_mix: int, target: float, seed: int = 0) -> float:
+    """The workload_overlap whose synthetic mix overlaps its members by 1 - TV = target (1 when even W=1 is below,
+    0 when even W=0 is above: the workloads are at least as different as independent hot sets)."""
+    ov = mix_overlap_curve(curve, n_mix, seed)
+    if target >= ov[-1]:
+        return 1.0
+    return float(np.interp(target, ov, OVERLAP_GRID))
+
+
 def synthetic(specs, gini: float | None = None, zipf: float | None = None, layer_overlap: float = 0.0,
-              workload_overlap: float = 1.0, seed: int = 0) -> PopularityRouting:
+              workload_overlap: float | None = 1.0, seed: int = 0, concentration: float | None = None,
+              doc_concentration: float | None = None, calibration: str | None = None, workload: str | None = None,
+              workload_tv_overlap: float | None = None, defaults_source: str | None = None) -> PopularityRouting:
+    """Synthetic routing (module docstring). Without `calibration`/`workload` the plan is calibrated on the base
+    hot set and the prompt routed by one with a fraction 1 - workload_overlap of it permuted; with them, every
+    named workload has its own hot set and the mixes average them. `workload_overlap=None` with
+    `workload_tv_overlap`: the overlap solved so that the mix overlaps its members by 1 - TV = that value at this
+    geometry's popularity curve (how the measured default transfers). Concentrations None: no per-document or
+    per-chunk variation (tokens independent)."""
     if (gini is None) == (zipf is None):
         raise NpuMoeError("synthetic routing needs exactly one of gini=G (0 < G < 1) or zipf=S (S >= 0)")
-    for name, v in (("layer_overlap", layer_overlap), ("workload_overlap", workload_overlap)):
-        if not 0 <= v <= 1:
+    if workload_overlap is None and workload_tv_overlap is None:
+        raise NpuMoeError("synthetic routing needs workload_overlap=W or a measured workload_tv_overlap")
+    for name, v in (("layer_overlap", layer_overlap), ("workload_overlap", workload_overlap),
+                    ("workload_tv_overlap", workload_tv_overlap)):
+        if v is not None and not 0 <= v <= 1:
             raise NpuMoeError(f"{name}={v} is outside [0, 1]")
     if zipf is not None and zipf < 0:
         raise NpuMoeError(f"zipf={zipf} must be >= 0")
+    concentration = check_concentration("concentration", concentration)
+    doc_concentration = check_concentration("doc_concentration", doc_concentration)
+    mixes = None
+    if calibration is not None or workload is not None:
+        mixes = (mix_names(calibration or "mixed", "calibration"), mix_names(workload or "mixed", "workload"))
     rng = np.random.default_rng(seed)
     E, K = specs[0].n_experts, specs[0].top_k
     s = zipf if zipf is not None else zipf_for_gini(E, K, gini, seed)
     base = zipf_shares(E, s)
-    calib, run, perm = {}, {}, rng.permutation(E)
+    solved = ""
+    if workload_overlap is None:
+        workload_overlap = overlap_for_tv(base, len(mixes[0]) if mixes else 1, workload_tv_overlap, seed)
+        solved = f" (solved for the measured 1-TV {workload_tv_overlap:.3f})"
+    calib, run, sources, perm = {}, {}, {}, rng.permutation(E)
     for sp in specs:
         perm = _reshuffle(perm, layer_overlap, rng) if calib else perm
-        calib[sp.layer] = base[np.argsort(perm)]            # expert perm[r] has rank r
-        drifted = _reshuffle(perm, workload_overlap, rng)
-        run[sp.layer] = base[np.argsort(drifted)]
+        if mixes is None:
+            calib[sp.layer] = base[np.argsort(perm)]            # expert perm[r] has rank r
+            drifted = _reshuffle(perm, workload_overlap, rng)
+            run[sp.layer] = base[np.argsort(drifted)]
+            continue
+        names = sorted(set(mixes[0]) | set(mixes[1]))
+        # each workload's hot set: its own generator (seed, layer, workload), so a mix does not change the others
+        pop = {n: base[np.argsort(_reshuffle(perm, workload_overlap, np.random.default_rng(
+            [seed, sp.layer, WORKLOAD_INDEX[n]])))] for n in names}
+        sources[sp.layer] = np.stack([pop[n] for n in mixes[0]])
+        calib[sp.layer] = sources[sp.layer].mean(0)
+        run[sp.layer] = np.mean([pop[n] for n in mixes[1]], axis=0)
     what = f"gini={gini:g} (zipf {s:.3f})" if gini is not None else f"zipf={s:g}"
-    return PopularityRouting(f"synthetic:{what},layer_overlap={layer_overlap:g},workload_overlap="
-                             f"{workload_overlap:g},seed={seed}", calib, run, top_k=K)
+    label = f"synthetic:{what},layer_overlap={layer_overlap:g},workload_overlap={workload_overlap:.3g}{solved}"
+    if mixes is not None or concentration is not None or doc_concentration is not None:
+        label += (f",concentration={_fmt(concentration)},doc_concentration={_fmt(doc_concentration)}")
+    if mixes is not None:
+        label += f",calibration={'+'.join(mixes[0])},workload={'+'.join(mixes[1])}"
+    label += f",seed={seed}" + (f" [defaults measured: {defaults_source}]" if defaults_source else "")
+    return PopularityRouting(label, calib, run, top_k=K, concentration=concentration,
+                             doc_concentration=doc_concentration, calib_sources=sources or None)
 
 
-def from_profile(specs, path) -> PopularityRouting:
+def _chunk_shares(profile: CalibrationProfile, layer: int) -> np.ndarray:
+    """[chunks, E] routed share per recorded chunk (a chunk routed nowhere keeps a uniform share)."""
+    m = profile.count_matrix(layer).astype(float).T
+    tot = m.sum(1, keepdims=True)
+    return np.where(tot > 0, m / np.maximum(tot, 1e-12), 1.0 / m.shape[1])
+
+
+def from_profile(specs, path, run=None, workload_overlap: float | None = None, seed: int = 0,
+                 defaults_source: dict | None = None) -> PopularityRouting:
+    """Planned on the profile at `path`; the prompt replays the per-chunk popularity of the profile `run`
+    (default: this one's chunks with a fraction 1 - workload_overlap of the expert ids permuted)."""
     profile = CalibrationProfile.load(path)
     _check_profile(profile, specs, f"profile {path}")
     shares = {s.layer: _shares(profile, s.layer) for s in specs}
-    return PopularityRouting(f"profile:{Path(path).name} ({profile.meta.get('model')}, "
-                             f"{profile.meta.get('workload')}, {profile.meta.get('n_tokens')} tokens)",
-                             shares, shares, profile=profile, top_k=specs[0].top_k)
+    records = {s.layer: _chunk_shares(profile, s.layer) for s in specs}
+    what = f"{Path(path).name} ({profile.meta.get('model')}, {profile.meta.get('workload')}, " \
+           f"{profile.meta.get('n_tokens')} tokens)"
+    if run is not None:
+        other = CalibrationProfile.load(run)
+        _check_profile(other, specs, f"profile {run}")
+        run_records = {s.layer: _chunk_shares(other, s.layer) for s in specs}
+        label = f"profile:{what}, run replays the chunks of {Path(run).name} ({other.meta.get('workload')})"
+    else:
+        solved = ""
+        if workload_overlap is None and defaults_source is not None:    # the measured hot-set shift
+            target = defaults_source["workload_tv_overlap"]
+            curve = np.mean([np.sort(v)[::-1] for v in shares.values()], axis=0)
+            workload_overlap = overlap_for_tv(curve, 1, target, seed)
+            solved = f" (solved for the measured 1-TV {target:.3f})"
+            defaults_source = defaults_source["source"]
+        w = 1.0 if workload_overlap is None else workload_overlap
+        if not 0 <= w <= 1:
+            raise NpuMoeError(f"workload_overlap={w} is outside [0, 1]")
+        rng, run_records = np.random.default_rng(seed), {}
+        for s in specs:
+            ids = _reshuffle(np.arange(s.n_experts), w, rng)     # expert ids[e] takes the recorded expert e's share
+            run_records[s.layer] = records[s.layer][:, np.argsort(ids)]
+        label = f"profile:{what}, run replays its chunks with workload_overlap={w:.3g}{solved}" + \
+            (f" [default measured: {defaults_source}]" if defaults_source else "")
+    run_mean = {layer: r.mean(0) for layer, r in run_records.items()}
+    return PopularityRouting(label, shares, run_mean, profile=profile, top_k=specs[0].top_k,
+                             run_records=run_records, calib_records=records)
 
 
 def stretched_tiny(specs, seed: int = 0) -> PopularityRouting:
@@ -282,20 +415,71 @@ def stretched_tiny(specs, seed: int = 0) -> PopularityRouting:
                              f"{specs[0].n_experts} experts", shares, shares, top_k=specs[0].top_k)
 
 
-def parse_routing(spec, specs, seed: int = 0):
-    """A routing source from its spec string (module docstring), checked against the geometry's layer specs."""
+def tiny_workload(specs, workload: str, defaults: dict, concentration=None, doc_concentration=None
+                  ) -> PopularityRouting:
+    """The bundled model's own routing statistics: planned on its real mixed-text profile (chunk 256), the prompt
+    one document of `workload`'s held-out text popularity with the measured per-document and per-chunk variation."""
+    from npumoe_lab.sim.routing_stats import tiny_profiles      # lazy: calibrates the bundled model once (cached)
+    mix_names(workload, "workload")
+    profiles = tiny_profiles()
+    cal = profiles["mixed"]
+    _check_profile(cal, specs, "routing tiny:workload=... (the bundled model's 32 experts per layer)")
+    names = mix_names(workload, "workload")
+    run = {s.layer: np.mean([_shares(profiles[n], s.layer) for n in names], axis=0) for s in specs}
+    c = defaults["concentration"] if concentration is None else concentration
+    d = defaults["doc_concentration"] if doc_concentration is None else doc_concentration
+    return PopularityRouting(f"tiny:workload={workload} (npumoe-tiny: planned on its mixed calib profile, "
+                             f"{cal.meta.get('n_tokens')} tokens at chunk {cal.chunk}; routed by the held-out "
+                             f"popularity, concentration={_fmt(c)},doc_concentration={_fmt(d)} [measured: "
+                             f"{defaults['source']}])", {s.layer: _shares(cal, s.layer) for s in specs}, run,
+                             profile=cal, top_k=specs[0].top_k, concentration=c, doc_concentration=d)
+
+
+def parse_routing(spec, specs, seed: int = 0, defaults=None):
+    """A routing source from its spec string (module docstring), checked against the geometry's layer specs.
+    `defaults`: the measured routing defaults (textlike.load_defaults(); read from the data file when needed)."""
     if not isinstance(spec, str):
         return spec                                       # already a source object (e.g. RecordedRouting)
     kind, _, rest = spec.partition(":")
     if kind == "synthetic":
-        params = _parse_params(rest, {"gini": float, "zipf": float, "layer_overlap": float,
-                                      "workload_overlap": float, "seed": int})
-        return synthetic(specs, **{"seed": seed, **params})
+        params = _parse_params(rest, SYNTHETIC_FIELDS)
+        for k in ("concentration", "doc_concentration"):
+            if k in params:
+                check_concentration(k, params[k])
+        if "calibration" in params:
+            mix_names(params["calibration"], "calibration")
+        if "workload" in params:
+            mix_names(params["workload"], "workload")
+        d = defaults or load_defaults()
+        filled = {k: d[k] for k in ("concentration", "doc_concentration", "calibration", "workload")
+                  if k not in params}
+        if "workload_overlap" not in params:
+            filled |= {"workload_overlap": None, "workload_tv_overlap": d["workload_tv_overlap"]}
+        return synthetic(specs, **{"seed": seed, **filled, **params},
+                         defaults_source=d["source"] + " for " + ", ".join(k for k in filled if k != "workload_overlap")
+                         if filled else None)
     if kind == "tiny":
-        return stretched_tiny(specs, seed)
-    path = rest if kind == "profile" else spec
+        if not rest:
+            return stretched_tiny(specs, seed)
+        params = _parse_params(rest, {"workload": str, "concentration": float, "doc_concentration": float}, "tiny")
+        if "workload" not in params:
+            raise NpuMoeError(f"routing {spec!r}: tiny with fields needs workload=NAME (e.g. tiny:workload=code)")
+        for k in ("concentration", "doc_concentration"):
+            check_concentration(k, params.get(k))
+        return tiny_workload(specs, params.pop("workload"), defaults or load_defaults(), **params)
+    path, _, fields = (rest if kind == "profile" else spec).partition(",")
     if Path(path).is_dir():
-        return from_profile(specs, path)
+        params = _parse_params(fields, {"run": str, "workload_overlap": float}, "profile")
+        if "run" in params and not Path(params["run"]).is_dir():
+            raise NpuMoeError(f"routing {spec!r}: run={params['run']!r} is not a profile directory")
+        if "run" in params and "workload_overlap" in params:
+            raise NpuMoeError(f"routing {spec!r}: give run=DIR (replay another profile) or workload_overlap=W "
+                              "(shift this one's hot set), not both")
+        w, src = params.get("workload_overlap"), None
+        if w is None and "run" not in params:
+            d = defaults or load_defaults()
+            w, src = None, d
+        return from_profile(specs, path, params.get("run"), w, seed, src)
     if kind == "profile":
         raise NpuMoeError(f"routing {spec!r}: calibration profile folder {path} not found; give the --out folder of "
                           "`npumoe-lab calibrate`")

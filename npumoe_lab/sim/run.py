@@ -25,6 +25,7 @@ import torch
 from npumoe_lab.devices import as_platform
 from npumoe_lab.results.store import knob_columns, write_rows, write_timeline
 from npumoe_lab.execution.engine import PlanExecutor
+from npumoe_lab.execution.footprint import plan_columns
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.planning.knobs import PlanKnobs
 from npumoe_lab.planning.layout import ExecutionLayout
@@ -110,13 +111,13 @@ def _by_layout(variant, specs, profile, plats, knobs, memo=None) -> list:
     return list(groups.values())
 
 
-def _row(name, src, v, plat, plan, t, c, weights, summary, prov, knobs) -> dict:
+def _row(name, src, v, plat, plan, t, c, weights, summary, prov, knobs, footprint=None) -> dict:
     summary = {k: val for k, val in summary.items() if k != "host_wall_s"}    # nothing ran on this host
     return dict(model=name, workload=src.label.split(":")[0], variant=v.name, platform=plat.name, prompt_len=t,
                 chunk=c, repeat=0, n_samples=1, geometry=name, routing_source=src.label, routing_gini=src.gini(),
                 numerics_source="none", weights=weights, plan_hash=getattr(plan, "hash", None),
-                platform_kind=plat.kind, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **summary, **prov,
-                **knob_columns(knobs))
+                platform_kind=plat.kind, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **summary,
+                **(footprint or {}), **prov, **knob_columns(knobs))
 
 
 def _priced(stream, platform, draws) -> StreamResult:
@@ -227,8 +228,11 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
                                             stream, drawn[id(p)], p.npu_shares_cpu)))
                             for (plat, plan), res in zip(members, results):
                                 bar.update(1)
+                                fp = plan_columns(None if executor is None else executor.layout,
+                                                  res.stream if isinstance(res, StreamResult) else res.events, plat,
+                                                  sum(s.n_experts for s in specs))
                                 yield _row(name, src, v, plat, plan, t, c, weights, {**res.summary, **extra(plat)},
-                                           prov, plan_knobs), res
+                                           prov, plan_knobs, fp), res
     finally:
         bar.close()
         torch.set_num_threads(threads)

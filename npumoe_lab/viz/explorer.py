@@ -54,7 +54,7 @@ class Knobs:
     tiers: int = _DEFAULT.tiers
     percentile: float = float(_DEFAULT.percentile)
     group_size: int = _DEFAULT.group_size
-    residency: str = "cost"          # the npumoe variant's default (the threshold rule reads hot_scale)
+    residency: str = "makespan"      # the npumoe variant's default (the threshold rule reads hot_scale)
     hot_scale: float = 1.0           # hot threshold in units of one balanced expert's load (chunk * top_k / E)
     platform: str = "m2-max"
     chunk: int = 128

@@ -71,16 +71,32 @@ def plot_ablation(df: pd.DataFrame):
         order = pk.variant_order(st["variant"])
         if i % ncols:
             ax.set_yticklabels([""] * len(order))      # the row's first panel names the variants
+        same = _equal_steps(sub)
         for y, v in enumerate(order):                  # each step's drop rate, at the foot of its bar
             if v in (drops := _drop_rates(sub)):
-                ax.annotate(f"drop {100 * drops[v]:.1f}%", (0, y), xytext=(2, 0), textcoords="offset points",
-                            va="center", fontsize=5, color="0.15")
+                ax.annotate(f"drop {100 * drops[v]:.1f}%" + (f"  (= {same[v]}: no speedup of its own)"
+                                                             if v in same else ""),
+                            (0, y), xytext=(2, 0), textcoords="offset points", va="center", fontsize=5,
+                            color="tab:red" if v in same else "0.15")
         ax.scatter([PAPER_ABLATION[v] for v in order], range(len(order)), marker="|", s=120, linewidths=2,
                    color="black", zorder=4)
         ax.axvline(1.0, color="0.5", lw=0.8, ls=":")
     for j in range(len(facets), nrows * ncols):
         axes[j // ncols][j % ncols].set_visible(False)
     return fig
+
+
+def _equal_steps(sub: pd.DataFrame) -> dict:
+    """{variant: the step it equals} where it does in every setting of the facet (sim/degenerate.py)."""
+    from npumoe_lab.sim.degenerate import equal_to      # lazy: figures of runs need no simulation imports
+    keys = [k for k in ("model", "platform", "prompt_len", "chunk") if k in sub.columns]
+    full = sub.assign(**{k: "-" for k in ("model", "platform", "prompt_len", "chunk") if k not in sub.columns})
+    same = equal_to(full)
+    n = full[keys or ["variant"]].drop_duplicates().shape[0] if keys else 1
+    out = {}
+    for key, prev in same.items():
+        out.setdefault(key[-1], []).append(prev)
+    return {v: "/".join(sorted(set(p))) for v, p in out.items() if len(p) >= n}
 
 
 @pk.styled

@@ -42,7 +42,7 @@ def test_corrupt_config_json_is_one_line(corrupt_model, tmp_path, capsys):
     (["run", "--workload", "lm-heldout", "--platforms", "m2-max", "--prompt-len", "256", "--chunk", "512"],
      "--chunk 512 is larger than the prompt (--prompt-len 256)"),
     (["simulate", "--geometry", "phi-tiny-moe", "--routing", "synthetic:gini=0.6,gini=0.7"],
-     "synthetic routing parameter gini is given twice"),
+     "synthetic routing parameter 'gini' is given twice"),
     (["simulate", "--geometry", "phi-tiny-moe", "--routing", "profile:/nope"],
      "calibration profile folder /nope not found"),
 ])

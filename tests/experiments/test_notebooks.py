@@ -289,9 +289,16 @@ def test_summary_markdown_ablation_ratios():
     assert ("| m2-max | modeled | 1.00x at 1.0% drop (paper 1.00x) | 2.00x at 1.0% drop (paper 1.48x) | - | "
             "4.00x at 1.0% drop (paper 2.89x) |") in md
     assert "matched drop rate (each calibrated on the workload's own text, capacities at load percentile 100)" in md
-    assert ("| m2-max | modeled | 1.00x at 0.0% drop (paper 1.00x) | 1.00x at 0.0% drop (paper 1.48x) | - | "
-            "4.00x at 0.0% drop (paper 2.89x) |") in md
+    # at the matched drop rate npumoe-t's TTFT equals npumoe-base's: marked, not reported as a speedup of its own
+    assert ("| m2-max | modeled | 1.00x at 0.0% drop (paper 1.00x) | = npumoe-base (no speedup of its own) (paper "
+            "1.48x) | - | 4.00x at 0.0% drop (paper 2.89x) |") in md
     assert "| cpu | measured |" in md and "| npumoe | m2-max | modeled | 0.5 |" in md
+    # a plan with no NPU expert group: npumoe = anemll, named, and its ablation cell says so
+    idle = [dict(r, n_npu_groups=0 if r["variant"] == "npumoe" else 4, n_cpu_groups=8, npu_expert_flop_share=0.0)
+            for r in rows if r["platform"] == "m2-max"]
+    md = summary_markdown(pd.DataFrame(idle + [dict(idle[-1], variant="anemll", n_npu_groups=0)]), {"model": "`t`"})
+    assert "**npumoe = anemll here**" in md and "in 1 of 1 settings: tiny on m2-max P=256/C=128" in md
+    assert "| = anemll (no speedup of its own) (paper 2.89x) |" in md and "| 0 of 8 (0%) |" in md
 
 
 @pytest.mark.slow

@@ -62,7 +62,9 @@ def test_spill_is_dropless_and_capacities_above_load_match_reference(standin, tm
                         percentile=100, tiers=3, threads=n_threads)
     assert (df.torch_threads == n_threads).all() and torch.get_num_threads() == before  # set, then restored
     spill = df[df.variant == "npumoe-spill"].iloc[0]
-    assert spill.drop_rate == 0 and spill.kl < 1e-8 and spill.top1_agree == 1.0
+    # the makespan residency keeps some groups static on this host (one bmm per group: another summation order
+    # than HF's per-expert loop), so the logits agree to fp32 rounding, not bit for bit
+    assert spill.drop_rate == 0 and spill.kl < 1e-6 and spill.top1_agree == 1.0
 
 
 def test_bad_input_errors(standin):

@@ -29,14 +29,16 @@ def profile():
     return CalibrationProfile(counts, stats, meta)
 
 
-def test_residency_default_is_cost_and_threshold_is_the_knob(profile):
-    assert build_plan(profile, SPECS).knobs["residency"] == "cost"
+def test_residency_default_is_makespan_and_threshold_is_the_knob(profile):
+    assert build_plan(profile, SPECS).knobs["residency"] == "makespan"
     assert build_plan(profile, SPECS, hot_threshold=4.0).knobs["residency"] == "threshold"
     with pytest.raises(NpuMoeError, match="residency 'threshold' only"):
         build_plan(profile, SPECS, residency="cost", hot_threshold=4.0)
     assert build_plan(profile, SPECS, platform=None).knobs["residency"] == "threshold"   # no cost model
     with pytest.raises(NpuMoeError, match="needs a platform"):
         build_plan(profile, SPECS, platform=None, residency="cost")
+    with pytest.raises(NpuMoeError, match="needs a platform"):
+        build_plan(profile, SPECS, platform=None, residency="makespan")
 
 
 def test_default_plan_structure(profile):

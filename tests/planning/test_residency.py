@@ -23,7 +23,7 @@ def test_threshold():
     assert assign_residency(gs, "all") == [True] * 4
     with pytest.raises(NpuMoeError, match="needs hot_threshold"):
         assign_residency(gs, "threshold")
-    with pytest.raises(NpuMoeError, match="threshold, cost, all"):
+    with pytest.raises(NpuMoeError, match="threshold, cost, all, makespan"):
         assign_residency(gs, "hot")
 
 

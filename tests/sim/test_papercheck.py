@@ -63,8 +63,15 @@ def test_paper_check_quantities_follow_the_simulated_rows():
     assert np.allclose(q.ratio, q.modeled / q.paper, equal_nan=True)
     npu = df[df.variant == "npumoe"]
     assert q.at["npumoe padding, highest (%)", "modeled"] == pytest.approx(100 * npu.pad_rate.max())
+    # every headline row says whether npumoe's plan used the NPU at the setting it comes from
+    row = npu.loc[npu.drop_rate.idxmax()]
+    said = q.at["npumoe drop rate, highest (%)", "npumoe_used_npu"]
+    assert said.startswith("no: npumoe = anemll here") == (row.n_npu_groups == 0)
+    assert said.startswith("no") or f"{int(row.n_npu_groups)} of " in said
+    assert all(str(u).startswith(("yes", "no", "-")) for u in q.npumoe_used_npu)
     text = markdown(table, sens, "synthetic:gini=0.6")
     assert "| headline latency vs baselines, lowest (x) | 1.32 |" in text and "modeled" in text
+    assert "npumoe's plan used the NPU" in text
 
 
 def test_paper_check_intervals_recompute_each_quantity_per_draw():
@@ -93,3 +100,22 @@ def test_sensitivity_probability_a_conclusion_holds_is_the_share_of_draws():
     expect = np.mean(t["cpu-only"] / t["npumoe"] > 1)
     assert base.at["npumoe faster than cpu-only", "p_holds"] == pytest.approx(expect)
     assert res[res.case != "baseline"].p_holds.isna().all()
+
+
+def test_every_quantity_says_whether_npumoe_used_the_npu_at_the_paper_point():
+    """Hand-built rows at the point setting (M2 Ultra, prompt 1024, chunk 512): Qwen3's npumoe plan has no NPU
+    group (= anemll), Phi-3.5-MoE's has 3 of 8."""
+    from npumoe_lab.sim.papercheck import quantities
+    rows = []
+    for model, groups in (("qwen3-30b-a3b", 0), ("phi-3.5-moe", 3)):
+        for i, v in enumerate(("cpu-only", "naive-npu", "anemll", "npumoe-base", "npumoe-t", "npumoe-tg", "npumoe")):
+            rows.append(dict(model=model, platform="m2-ultra", prompt_len=1024, chunk=512, variant=v,
+                             ttft_s=10.0 - i, energy_per_token_mj=5.0 - 0.5 * i, cpu_cycles=1e9 / (i + 1),
+                             drop_rate=0.01 * i, pad_rate=0.3, n_npu_groups=groups if v == "npumoe" else 4,
+                             n_cpu_groups=8 - groups if v == "npumoe" else 4,
+                             npu_expert_flop_share=0.25 if groups else 0.0))
+    q = quantities(pd.DataFrame(rows), {"npumoe": (1.0, 2.0)})
+    assert all(len(v) == 3 for v in q.values())
+    assert q["Qwen3-30B-A3B TTFT, NPUMoE (s)"][2] == "no: npumoe = anemll here"
+    assert q["Phi-3.5-MoE expert FFN time, npumoe (ms)"][2] == "yes: 3 of 8 groups, 25% of expert FLOPs"
+    assert q["ablation npumoe over npumoe-base, Phi-3.5-MoE (x)"][2].startswith("yes")

@@ -91,9 +91,14 @@ def test_gini_against_hand_computed_cases():
 def test_synthetic_routing_reaches_its_gini_and_overlaps():
     _, _, geo = load_geometry("phi-tiny-moe")
     specs = list(geo.moe)[:4]
-    src = parse_routing("synthetic:gini=0.5,layer_overlap=1,seed=3", specs)
+    # the Gini is solved for independent tokens: per-document / per-chunk variation (the measured defaults) raises
+    # the Gini of one prompt's counts above it, so it is checked without them
+    src = parse_routing("synthetic:gini=0.5,layer_overlap=1,seed=3,concentration=inf,doc_concentration=inf", specs)
     src.chunks(specs, 4096, 512)
     assert src.gini() == pytest.approx(0.5, abs=0.05)
+    varied = parse_routing("synthetic:gini=0.5,layer_overlap=1,seed=3", specs)
+    varied.chunks(specs, 4096, 512)
+    assert varied.gini() > src.gini()
     hot = [int(np.argmax(src.run[s.layer])) for s in specs]
     assert len(set(hot)) == 1                                   # overlap 1: the same hot expert in every layer
     drift = parse_routing("synthetic:gini=0.5,workload_overlap=0,seed=3", specs)
