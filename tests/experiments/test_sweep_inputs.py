@@ -35,7 +35,7 @@ def test_a_routing_field_given_twice_is_refused(tmp_path, capsys):
     rc = cli.main(["simulate", "--geometry", "phi-tiny-moe", "--routing", "synthetic:gini=0.6,gini=0.7",
                    "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and "gini is given twice" in err[0], err
+    assert rc == 2 and len(err) == 1 and "'gini' is given twice" in err[0], err
     assert not (tmp_path / "o").exists()
 
 
