@@ -339,7 +339,7 @@ def log_ticks(ax, axis: str) -> None:
     from matplotlib.ticker import FuncFormatter, NullFormatter
     a = ax.xaxis if axis == "x" else ax.yaxis
     a.set_major_locator(_LogTicks())
-    a.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}" if abs(v) < 1e4 else f"{v:.0f}"))
+    a.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"))
     a.set_minor_formatter(NullFormatter())
 
 
