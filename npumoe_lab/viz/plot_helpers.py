@@ -70,7 +70,7 @@ def styled(fn):
             if rows is not None and getattr(fig, "_suptitle", None) is None:
                 title = figure_title(fn.__name__, rows)
                 w, h = fig.get_size_inches()
-                fig.set_size_inches(w, h + 0.35 * (title.count("\n") + 1))   # the title gets its own room
+                fig.set_size_inches(w, h + 0.5 * (title.count("\n") + 1))   # the title gets its own room
                 fig.suptitle(title, fontsize=8)
             one_scale_per_column(fig)
             figcheck.record(fn.__name__, fig)
