@@ -155,6 +155,9 @@ def plot_popularity_heatmaps(profiles: dict, vmax: float | None = None):
         ax.set_title(name or "expert popularity (calibration)", fontsize=7)
     fig.colorbar(im, ax=list(axes[0]), label="load share (% of layer's assignments)", location="bottom",
                  shrink=0.8, aspect=30)
+    if len(shares) > 1:      # one panel carries its own title; several need the figure's
+        fig.suptitle("expert popularity per layer (calibration load share, one colour scale) — "
+                     + ", ".join(map(str, shares)), fontsize=8)
     return fig
 
 
