@@ -30,6 +30,9 @@ def drift_figure(report):
     for ax in (left, right):
         ax.legend(fontsize=6)
         ax.title.set_fontsize(8)
+    fig.suptitle(f"routing drift — plan calibrated on {s.get('calib_domain')}, prefill of lm-heldout/"
+                 f"{s.get('run_domain')} ({s.get('prompt_len')} tokens, chunk {s.get('chunk')}), policy "
+                 f"{s.get('drift_policy')}, TTFT modeled on {s.get('platform')}", fontsize=8)
     return fig
 
 
@@ -47,6 +50,8 @@ def fronts_figure(fronts: dict):
     ax.text(0.99, 0.98, "TTFT: modeled; drop rate: replayed routing (no numerics)", transform=ax.transAxes,
             ha="right", va="top", fontsize=6, color="0.3", gid=pk.SOURCE_GID)
     ax.legend(fontsize=6, loc="lower left")
+    if getattr(fig, "_suptitle", None) is None:
+        fig.suptitle("Pareto fronts of the tuner (TTFT x drop, modeled): " + ", ".join(map(str, fronts)), fontsize=8)
     return fig
 
 

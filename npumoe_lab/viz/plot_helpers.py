@@ -70,7 +70,7 @@ def styled(fn):
             if rows is not None and getattr(fig, "_suptitle", None) is None:
                 title = figure_title(fn.__name__, rows)
                 w, h = fig.get_size_inches()
-                fig.set_size_inches(w, h + 0.2 * (title.count("\n") + 1))    # the title's room, not the panels'
+                fig.set_size_inches(w, h + 0.5 * (title.count("\n") + 1))   # the title gets its own room
                 fig.suptitle(title, fontsize=8)
             one_scale_per_column(fig)
             figcheck.record(fn.__name__, fig)
@@ -339,7 +339,7 @@ def log_ticks(ax, axis: str) -> None:
     from matplotlib.ticker import FuncFormatter, NullFormatter
     a = ax.xaxis if axis == "x" else ax.yaxis
     a.set_major_locator(_LogTicks())
-    a.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+    a.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"))
     a.set_minor_formatter(NullFormatter())
 
 
@@ -423,7 +423,7 @@ def hbars(ax, st, metric, title, source=None, xlabel=None, names=True, log=None,
             Patch(facecolor="white", edgecolor="0.3", hatch=BUSY_HATCH)
         ax.legend([handle],
                   ["\n".join(textwrap.wrap(f"host busy, not a quiet timing: {reason}", 40))], fontsize=5,
-                  loc="lower right", frameon=True)
+                  loc="best", frameon=True, framealpha=0.85)
     finish(ax, title, st.attrs.get("source") if source is None else source)
 
 

@@ -31,11 +31,10 @@ def plot_baselines(df: pd.DataFrame):
     metrics = pk.available(df, ("ttft_s", "energy_per_token_mj", "cpu_cycles"), "baselines", need=("variant",))
     facets = pk.facets(pk.default_knobs(df.dropna(subset=metrics, how="all")))
     fig, axes = pk.figure(len(facets), len(metrics), 3.0, 2.2)
-    for c, metric in enumerate(metrics):       # one scale and one unit per column (a metric), over every facet
+    for c, metric in enumerate(metrics):       # one scale per column (a metric), over every facet
         column = pd.concat([pk.stats(sub, metric)["median"] for _, sub in facets if sub[metric].notna().any()])
-        for r, (title, sub) in enumerate(facets):
-            pk.hbars(axes[r][c], pk.stats(sub, metric), metric, title, names=c == 0, log=pk.wants_log(column),
-                     unit_of=column)
+        for r, (title, sub) in enumerate(facets):    # the unit per panel: a modeled 10 ms reads in ms
+            pk.hbars(axes[r][c], pk.stats(sub, metric), metric, title, names=c == 0, log=pk.wants_log(column))
     return fig
 
 
@@ -172,6 +171,9 @@ def plot_popularity_heatmaps(profiles: dict, vmax: float | None = None):
         ax.set_title(name or "expert popularity (calibration)", fontsize=7)
     fig.colorbar(im, ax=list(axes[0]), label="load share (% of layer's assignments)", location="bottom",
                  shrink=0.8, aspect=30)
+    if len(shares) > 1:      # one panel carries its own title; several need the figure's
+        fig.suptitle("expert popularity per layer (calibration load share, one colour scale) — "
+                     + ", ".join(map(str, shares)), fontsize=8)
     return fig
 
 
@@ -256,6 +258,16 @@ def _y_label(sub, metric, ci) -> str:
     return label
 
 
+def _dodge(st, xs: float, n: int) -> float:
+    """A horizontal offset between variants (1.5 % of the x span) when two variants share a point, else 0: five
+    dropless variants at (0, 0) were drawn as one marker."""
+    pts = st.assign(_x=(st["median_x"] * xs).round(9), _y=st["median"].round(9))
+    if n < 2 or not pts.duplicated(["_x", "_y"]).any() or pts["variant"].nunique() < 2:
+        return 0.0
+    span = float(pts["_x"].max() - pts["_x"].min())
+    return 0.015 * (span if span > 0 else 1.0)
+
+
 def _scatter(df, x, ys):
     """y metrics against x, one row of panels per facet, colour = variant, one figure legend."""
     facets = pk.facets(df.dropna(subset=[x]).dropna(subset=ys, how="all"))
@@ -282,16 +294,23 @@ def _scatter(df, x, ys):
                                      else LABELS[y][1])
             knob = pk.inner_knob(st)
             marks = pk.knob_markers(st[knob]) if knob else {}
-            for v in pk.variant_order(st["variant"]):
+            order = pk.variant_order(st["variant"])
+            dodge = _dodge(st, xs, len(order))
+            for i, v in enumerate(order):
                 s = st[st["variant"] == v].sort_values("median_x")
                 yerr = np.clip([(s["median"] - s["lo"]) * ysc, (s["hi"] - s["median"]) * ysc], 0, None)
                 xerr = np.clip([(s["median_x"] - s["lo_x"]) * xs, (s["hi_x"] - s["median_x"]) * xs], 0, None)
-                ax.errorbar(s["median_x"] * xs, s["median"] * ysc, yerr=yerr, xerr=xerr, fmt="-" if marks else "o-",
+                xv = s["median_x"] * xs + dodge * (i - (len(order) - 1) / 2)
+                ax.errorbar(xv, s["median"] * ysc, yerr=yerr, xerr=xerr, fmt="-" if marks else "o-",
                             ms=3, lw=0.8, capsize=2, color=pk.color_of(v))
                 for val, m in marks.items():   # the knob's value as the marker shape
                     k = pk.knob_rows(s, knob, val)
-                    ax.scatter(k["median_x"] * xs, k["median"] * ysc, marker=m, s=14, color=pk.color_of(v), zorder=3)
+                    kx = k["median_x"] * xs + dodge * (i - (len(order) - 1) / 2)
+                    ax.scatter(kx, k["median"] * ysc, marker=m, s=14, color=pk.color_of(v), zorder=3)
                 variants.add(v)
+            if dodge:
+                ax.text(1.0, -0.02, "variants at one point dodged apart", transform=ax.transAxes, ha="right",
+                        va="top", fontsize=4.5, color="0.4")
             if marks:
                 knob_entries.update({f"{knob} = {val:g}" if isinstance(val, (int, float)) else f"{knob} = {val}": m
                                      for val, m in marks.items()})

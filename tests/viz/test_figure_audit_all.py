@@ -53,3 +53,20 @@ def test_tune_front_passes_the_audit(tmp_path, monkeypatch):
     records = [json.loads(line) for line in audit.read_text().splitlines()]
     assert [r["figure"] for r in records] == ["tune-front"] and records[0]["problems"] == []
     assert (tmp_path / "tune" / "front.png").stat().st_size > 0
+
+
+def test_variants_at_one_point_are_dodged_apart():
+    """Three dropless variants at (drop 0, delta 0) are three markers, not one (issue 29: 5 of 9 under one)."""
+    import numpy as np
+    from npumoe_lab.viz.plots import plot_accuracy
+    rows = [dict(model="m", workload="w", variant=v, platform="m2-max", prompt_len=256, chunk=128, repeat=0,
+                 drop_rate=d, accuracy_delta=a, timing_source="modeled", ttft_s=0.01)
+            for v, d, a in (("reference", 0.0, 0.0), ("cpu-only", 0.0, 0.0), ("anemll", 0.0, 0.0),
+                            ("npumoe", 0.1, -0.02))]
+    fig = plot_accuracy(pd.DataFrame(rows))
+    ax = next(a for a in fig.axes if a.get_visible() and a.lines)
+    xs = [round(float(np.asarray(line.get_xdata(), dtype=float)[0]), 9) for line in ax.lines
+          if len(line.get_xdata()) == 1
+          and float(line.get_ydata()[0]) == 0.0]
+    assert len(set(xs)) >= 3, xs
+    assert audit_figure(fig) == []
