@@ -10,7 +10,7 @@ def register_cli(sub) -> None:
     p.add_argument("--platform", required=True, help="platform name, YAML path, or spec with [overrides]")
     p.add_argument("--measurements", default="data/measurements", help="measurement YAML or folder")
     p.add_argument("--out", required=True, help="folder for <platform>-fit.yaml")
-    p.add_argument("--steps", type=int, default=8000, help="emcee steps per walker (the first third is burn-in)")
+    p.add_argument("--steps", type=int, default=30000, help="emcee steps per walker (the first third is burn-in)")
     p.add_argument("--walkers", type=int, default=0, help="emcee walkers (0: 4 x dimensions, at least 32)")
     p.add_argument("--seed", type=int, default=0, help="seed of the emcee walkers (default 0)")
     p.add_argument("--include-busy", action="store_true",
@@ -27,7 +27,7 @@ def _cli(a) -> int:
     from npumoe_lab.devices.measurements import load_measurements
     from npumoe_lab.devices.platform import resolve_platform
     if a.steps < 30:
-        raise NpuMoeError(f"--steps {a.steps} is too few for a posterior; use at least 30 (default 8000)")
+        raise NpuMoeError(f"--steps {a.steps} is too few for a posterior; use at least 30 (default 30000)")
     platform = resolve_platform(a.platform)
     if platform.kind == "measured":     # this host: its op-level model is fitted on `measure` rows (cpu_fit.py)
         return fit_cli(a)
