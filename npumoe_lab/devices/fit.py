@@ -125,10 +125,19 @@ def _least_squares(resid, x0s, lo, hi):
                 for x0 in x0s), key=lambda r: r.cost)
 
 
+def _identified(rs, base, names, x, step: float = 0.05) -> np.ndarray:
+    """Which parameters move the rows' log residuals at x (a finite-difference column above 1e-6). The others
+    have no gradient there; freeing them would only let the optimiser's trust-region steps drift them."""
+    probe = np.vstack([x, x + step * np.eye(len(x))])
+    r = rs.log_residuals(with_draws(base, names, np.exp(probe)))
+    return np.max(np.abs(r[1:] - r[0]), axis=1) > 1e-6
+
+
 def transfer_cv(rows, base, names, lo, hi, x_src) -> dict:
     """Leave-one-group-out cross-validation of the point fit on fit rows only (module doc): {group: [weighted log
-    errors of its held-out rows]}. Each refit starts from the sourced values alone, so a parameter that only the
-    held-out group identifies stays where the sources put it (as it would for a new kind of work)."""
+    errors of its held-out rows]}. Each refit starts from the sourced values alone and frees only the parameters
+    the remaining rows move (_identified), so a parameter that only the held-out group identifies stays where the
+    sources put it (as it would for a new kind of work)."""
     groups = np.array([row_group(d, k) for d, k in zip(rows.device, rows.kind)], dtype=object)
     out = {}
     for g in sorted(set(groups)):
@@ -138,9 +147,15 @@ def transfer_cv(rows, base, names, lo, hi, x_src) -> dict:
         if train.empty:
             continue
         rs_tr, rs_te = RowSet.of(train), RowSet.of(test)
-        fit = _least_squares(lambda x: rs_tr.log_residuals(with_draws(base, names, np.exp(x))) * rs_tr.weight,
-                             [x_src], lo, hi)
-        out[str(g)] = (rs_te.log_residuals(with_draws(base, names, np.exp(fit.x[None, :])))[0] * rs_te.weight).tolist()
+        free = _identified(rs_tr, base, names, x_src)
+        x = x_src.copy()
+        if free.any():
+            def resid(xf):                                   # (1, free) -> (1, rows): the others stay sourced
+                full = np.tile(x_src, (len(xf), 1))
+                full[:, free] = xf
+                return rs_tr.log_residuals(with_draws(base, names, np.exp(full))) * rs_tr.weight
+            x[free] = _least_squares(resid, [x_src[free]], lo[free], hi[free]).x
+        out[str(g)] = (rs_te.log_residuals(with_draws(base, names, np.exp(x[None, :])))[0] * rs_te.weight).tolist()
     return out
 
 

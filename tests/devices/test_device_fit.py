@@ -197,3 +197,28 @@ def test_predictive_sigma_by_group():
     np.testing.assert_allclose(predictive_sigma({"sigma_log": [0.1]}, ["a", "b"]), [[0.1, 0.1]])
     x = with_noise(np.ones(20000), 0.5, seed=1)
     assert np.std(np.log(x)) == pytest.approx(0.5, rel=0.03)
+
+
+def test_transfer_block_takes_point_and_draws_from_the_source_fit(tmp_path):
+    """A platform's `transfer:` parameters come from another fit (its point; its draws, paired at random), are not
+    fitted on this chip's rows, and with under two groups of its own rows the transfer sigma is the source's."""
+    from npumoe_lab.devices.fit import write_fit
+    src_path = _platform(tmp_path)
+    df = load_measurements(_write_rows(tmp_path / "m", _measured(src_path, _rows())))
+    src_res = fit_platform(get_platform(str(src_path)), df, steps=60, seed=1)
+    src_fit = get_platform(str(write_fit(get_platform(str(src_path)), src_res, tmp_path / "src")))
+    raw = yaml.safe_load(open(src_path))
+    raw.update(name="ultra", fit=[{"param": "npu_bandwidth_bytes_s", "low": 1e10, "high": 4e11}],
+               transfer={"platform": str(tmp_path / "src" / "toy-fit.yaml"), "params": ["npu_attention_flops"],
+                         "note": "same silicon"})
+    (tmp_path / "ultra.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    gemv_only = df[df.kind == "gemv_stream"]                          # one group: no cross-validation here
+    res = fit_platform(get_platform(str(tmp_path / "ultra.yaml")), gemv_only, steps=60, seed=1)
+    assert res.names == ["npu_bandwidth_bytes_s", "npu_attention_flops"]
+    j = src_fit.posterior["params"].index("npu_attention_flops")
+    assert res.point[1] == src_fit.params["npu"]["attention_flops"]["value"]
+    assert set(res.draws[:, 1]) <= {d[j] for d in src_fit.posterior["draws"]}
+    assert res.cv == {} and res.transfer_sigma == pytest.approx(src_fit.posterior["transfer_sigma_log"])
+    out = get_platform(str(write_fit(get_platform(str(tmp_path / "ultra.yaml")), res, tmp_path / "u")))
+    assert out.params["npu"]["attention_flops"]["source"].startswith("transferred from toy-fit")
+    assert out.posterior["transferred"]["params"] == ["npu_attention_flops"]
