@@ -35,7 +35,8 @@ import numpy as np
 import yaml
 
 from npumoe_lab.errors import NpuMoeError
-from npumoe_lab.utils import progress
+from npumoe_lab.utils import REPO_ROOT, progress
+from npumoe_lab.devices.platform import PLATFORM_DIR, get_platform, parse_platform_spec
 from npumoe_lab.devices.price import op_columns, platform_params, power, price, with_draws
 from npumoe_lab.devices.workload import row_op
 
@@ -89,7 +90,6 @@ def row_group(device: str, kind: str) -> str:
 
 def _raw_yaml(platform) -> dict:
     """The platform's own YAML (top-level keys platform.py does not read, e.g. `transfer`)."""
-    from npumoe_lab.devices.platform import PLATFORM_DIR, parse_platform_spec
     base = parse_platform_spec(platform.source or platform.name)[0]
     path = Path(base) if base.endswith((".yaml", ".yml")) or "/" in base else PLATFORM_DIR / f"{base}.yaml"
     return yaml.safe_load(path.read_text()) if path.is_file() else {}
@@ -97,8 +97,6 @@ def _raw_yaml(platform) -> dict:
 
 def transfer_spec(platform):
     """(source fit Platform, [param, ...], note) of the YAML's `transfer:` block, or None."""
-    from npumoe_lab.devices.platform import get_platform
-    from npumoe_lab.utils import REPO_ROOT
     t = _raw_yaml(platform).get("transfer")
     if not t:
         return None
