@@ -34,10 +34,15 @@ def _cli(a) -> int:
     res = fit_platform(platform, load_measurements(a.measurements), steps=a.steps, walkers=a.walkers, seed=a.seed)
     path = write_fit(platform, res, Path(a.out))
     err = np.abs(np.expm1(res.point_residuals))
-    print(f"fitted {len(res.names)} parameters of {platform.name} on {len(res.rows.ids)} fit rows of "
+    moved = len(res.transferred[1]) if res.transferred else 0
+    print(f"fitted {len(res.names) - moved} parameters"
+          f"{f' (+{moved} transferred from {res.transferred[0].name})' if moved else ''} of {platform.name} on "
+          f"{len(res.rows.ids)} fit rows of "
           f"{platform.chip}: median |error| {np.median(err):.1%}, worst {err.max():.1%} (modeled vs measured); "
           f"emcee acceptance {res.acceptance:.2f}, kept steps / autocorrelation time {(res.n_steps - res.burn) / res.tau:.0f}"
-          f"{' (under 50: run more --steps)' if (res.n_steps - res.burn) / res.tau < 50 else ''}\n" +
+          f"{' (under 50: run more --steps)' if (res.n_steps - res.burn) / res.tau < 50 else ''}; transfer sigma "
+          f"(log error on kinds of work the fit rows lack) "
+          f"{'none' if res.transfer_sigma is None else f'{res.transfer_sigma:.3f}'}\n" +
           "\n".join(f"  {n} = {v:.4g}  (90 % {np.percentile(res.draws[:, i], 5):.3g}-"
                     f"{np.percentile(res.draws[:, i], 95):.3g})" for i, (n, v) in enumerate(zip(res.names,
                                                                                                res.point))) +
