@@ -10,7 +10,7 @@ def register_cli(sub) -> None:
     p.add_argument("--platform", required=True, help="platform name, YAML path, or spec with [overrides]")
     p.add_argument("--measurements", default="data/measurements", help="measurement YAML or folder")
     p.add_argument("--out", required=True, help="folder for <platform>-fit.yaml")
-    p.add_argument("--steps", type=int, default=8000, help="emcee steps per walker (the first third is burn-in)")
+    p.add_argument("--steps", type=int, default=30000, help="emcee steps per walker (the first third is burn-in)")
     p.add_argument("--walkers", type=int, default=0, help="emcee walkers (0: 4 x dimensions, at least 32)")
     p.add_argument("--seed", type=int, default=0, help="seed of the emcee walkers (default 0)")
     p.add_argument("--include-busy", action="store_true",
@@ -27,17 +27,22 @@ def _cli(a) -> int:
     from npumoe_lab.devices.measurements import load_measurements
     from npumoe_lab.devices.platform import resolve_platform
     if a.steps < 30:
-        raise NpuMoeError(f"--steps {a.steps} is too few for a posterior; use at least 30 (default 8000)")
+        raise NpuMoeError(f"--steps {a.steps} is too few for a posterior; use at least 30 (default 30000)")
     platform = resolve_platform(a.platform)
     if platform.kind == "measured":     # this host: its op-level model is fitted on `measure` rows (cpu_fit.py)
         return fit_cli(a)
     res = fit_platform(platform, load_measurements(a.measurements), steps=a.steps, walkers=a.walkers, seed=a.seed)
     path = write_fit(platform, res, Path(a.out))
     err = np.abs(np.expm1(res.point_residuals))
-    print(f"fitted {len(res.names)} parameters of {platform.name} on {len(res.rows.ids)} fit rows of "
+    moved = len(res.transferred[1]) if res.transferred else 0
+    print(f"fitted {len(res.names) - moved} parameters"
+          f"{f' (+{moved} transferred from {res.transferred[0].name})' if moved else ''} of {platform.name} on "
+          f"{len(res.rows.ids)} fit rows of "
           f"{platform.chip}: median |error| {np.median(err):.1%}, worst {err.max():.1%} (modeled vs measured); "
           f"emcee acceptance {res.acceptance:.2f}, kept steps / autocorrelation time {(res.n_steps - res.burn) / res.tau:.0f}"
-          f"{' (under 50: run more --steps)' if (res.n_steps - res.burn) / res.tau < 50 else ''}\n" +
+          f"{' (under 50: run more --steps)' if (res.n_steps - res.burn) / res.tau < 50 else ''}; transfer sigma "
+          f"(log error on kinds of work the fit rows lack) "
+          f"{'none' if res.transfer_sigma is None else f'{res.transfer_sigma:.3f}'}\n" +
           "\n".join(f"  {n} = {v:.4g}  (90 % {np.percentile(res.draws[:, i], 5):.3g}-"
                     f"{np.percentile(res.draws[:, i], 95):.3g})" for i, (n, v) in enumerate(zip(res.names,
                                                                                                res.point))) +

@@ -131,7 +131,8 @@ def expert_ffn_cost(n_experts_in_graph: int, capacity: int, hidden: int, interme
 
 
 def attention_cost(chunk: int, past: int, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int,
-                   dtype_bytes: int = 2, name: str = "attention", weight_bytes: int | None = None) -> OpCost:
+                   dtype_bytes: int = 2, name: str = "attention", weight_bytes: int | None = None,
+                   streams: int = 1) -> OpCost:
     """One attention layer over a chunk of new tokens attending to past+chunk keys (GQA).
 
     A static-shape graph computes the full [chunk, past+chunk] score block (causal masking does not skip work),
@@ -139,18 +140,23 @@ def attention_cost(chunk: int, past: int, hidden: int, n_heads: int, n_kv_heads:
     bytes = projection weights (x weight_bytes) + x in/out + KV cache read (past+chunk keys) + KV write of the
     chunk (x dtype_bytes). gemm = the Q projection [chunk, hidden] x [hidden, n_heads*head_dim], the largest single
     GEMM (the per-head score GEMMs are head_dim deep).
+    `streams` > 1: the chunk is that many independent sequences (a batched decode step), each with chunk/streams
+    new tokens and its OWN KV cache of `past` keys: scores per stream over past + chunk/streams keys, and every
+    stream's cache is read (projections are shared; streams=1 is the single sequence above).
     """
     p = _check_count("past", past, minimum=0)
-    t, h, nh, nkv, hd, db = _counts(chunk=chunk, hidden=hidden, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                                    head_dim=head_dim, dtype_bytes=dtype_bytes)
+    t, h, nh, nkv, hd, db, ns = _counts(chunk=chunk, hidden=hidden, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                                        head_dim=head_dim, dtype_bytes=dtype_bytes, streams=streams)
+    if t % ns:
+        raise NpuMoeError(f"chunk={t} is not a multiple of streams={ns}; each stream gets chunk/streams tokens")
     wb = _weight_size(weight_bytes, db)
     if nh % nkv:
         raise NpuMoeError(f"n_heads={nh} is not a multiple of n_kv_heads={nkv}; pass the model's GQA head counts")
-    q_dim, kv_dim, keys = nh * hd, nkv * hd, p + t
+    q_dim, kv_dim, keys = nh * hd, nkv * hd, p + t // ns       # keys per stream
     proj_weights = h * q_dim + 2 * h * kv_dim + q_dim * h
     attn = 2 * (2.0 * nh * t * keys * hd)
     flops = 2.0 * t * proj_weights + attn
-    nbytes = proj_weights * float(wb) + (2 * t * h + 2 * keys * kv_dim + 2 * t * kv_dim) * float(db)
+    nbytes = proj_weights * float(wb) + (2 * t * h + ns * 2 * keys * kv_dim + 2 * t * kv_dim) * float(db)
     return OpCost(name, flops, nbytes, 1, (t, q_dim, h), weight_bytes=proj_weights * float(wb), rows=t,
                   attn_flops=attn)
 

@@ -5,18 +5,26 @@ the single-dispatch square-GEMM rate of its own size, so a graph of many small G
 Published chains and fused blocks run far above that (docs/sources/DEVICE_MODEL.md). Here a graph's time is
 
     t = calls * call_s + max(t_compute, t_memory, t_decompress)
-    t_compute    = matmul_flops / (clusters * peak * u)  +  attn_flops / (clusters * attention_flops)
-    u            = w / (w + work_half)  *  rows / (rows + rows_half)  /  spill      (utilisation, 0..1)
+    t_compute    = (mm * max(1, rows_half / rows) * spill + calls * work_half) / (clusters * peak)
+                   + attn_flops / (clusters * attention_flops)
     spill        = 1 + (1 / spill_factor - 1) * x**4 / (1 + x**4),  x = tile_bytes / sram_bytes
     t_memory     = bytes / (clusters * bandwidth)                          (stored weights + activations)
     t_decompress = lut_params / (clusters * decompress_params_s)           (palettized weights, LUT2-LUT6)
 
-with w = matmul FLOPs per call, rows = rows per GEMM (tokens), matmul_flops = flops - attn_flops, tile_bytes =
-2 * N * K of the dominant GEMM (its weights as fp16 on the engine: palettized weights are expanded there).
-The spill term: a GEMM whose weights exceed the on-chip SRAM (~32 MB on M4) runs at spill_factor of the rate
-(ANEForge M4 Max: 8.9 TF/s at N=2048, 3.7 at 6144-8192). Utilisation rises
-with the work per call (a call's fixed pipeline fill and weight-tile loads amortised over more work) and with the
-rows per GEMM (the engine computes over row tiles; a GEMV uses a sliver of each). Attention's activation x
+with mm = matmul FLOPs (flops - attn_flops), rows = rows per GEMM (tokens), tile_bytes = 2 * N * K of the dominant
+GEMM (its weights as fp16 on the engine: palettized weights are expanded there). Two additive costs on top of the
+peak rate, each with a physical reading:
+- `rows_half` (the row tile): the engine computes over tiles of rows_half rows, so a GEMM with fewer rows than a
+  tile still takes a full tile's time per weight: mm * max(1, rows_half / rows) = 2 * weights * max(rows,
+  rows_half). A 1-row decoder step of 1 GB of weights therefore costs what its GEMVs cost, weight by weight.
+- `work_half`: a per-call pipeline fill (work_half / peak seconds per call, not slowed by a spill: it moves no
+  weights), the same for a GEMV and a 512-row GEMM; the call-floor micro-benchmarks (a 64 x 256 x 256 GEMM and a
+  single small conv at ~0.08 ms, ANEForge M4 Max) bound it together with the dispatch.
+Until 2026-12-02 the two multiplied (u = w / (w + work_half) * rows / (rows + rows_half)), which made the fill
+scale with 1 / rows: the fit then explained a slow 1-row GEMV probe as a per-call cost, which a 1 GB decoder step
+pays once (it priced the M4 Max toy decoder 4.5x too fast, a validate row; docs/sources/DEVICE_MODEL.md §2 says
+what changed, why, and how the variant was chosen). The spill term: a GEMM whose weights exceed the on-chip SRAM (~32 MB on M4) runs at
+spill_factor of the rate (ANEForge M4 Max: 8.9 TF/s at N=2048, 3.7 at 6144-8192). Attention's activation x
 activation GEMMs (scores, weighted sum; K = head_dim) run at their own measured rate and grow with context.
 call_s = dispatch_s + sync_s. `clusters` = ANE clusters serving one model (1 on the Core ML path of an Ultra; 2 is
 the direct-path option that pins programs to both). Path-specific terms: a measurement through the direct (private)
@@ -58,20 +66,29 @@ def spill(tile: float, sram_bytes: float, spill_factor: float) -> float:
     return 1.0 + (1.0 / spill_factor - 1.0) * x4 / (1.0 + x4)
 
 
+def compute_flops_equiv(mm: float, rows: float, calls: float, work_half: float, rows_half: float,
+                        slow: float = 1.0) -> float:
+    """Matmul FLOPs as the engine spends them, in FLOP at peak: the row-tile floor (mm * max(1, rows_half / rows),
+    slowed by a spill) plus the per-call pipeline fill (calls * work_half). Seconds = this / (clusters * peak)."""
+    if mm <= 0:
+        return 0.0
+    return mm * max(1.0, rows_half / rows) * slow + calls * work_half
+
+
 def utilisation(work_per_call: float, rows: float, work_half: float, rows_half: float, slow: float = 1.0) -> float:
-    """Fraction of the peak rate a call reaches: saturating in the work per call and in the rows per GEMM."""
+    """Fraction of the peak rate a call of `work_per_call` matmul FLOPs at `rows` rows per GEMM reaches (0..1)."""
     if work_per_call <= 0:
         return 1.0
-    return work_per_call / (work_per_call + work_half) * rows / (rows + rows_half) / slow
+    return work_per_call / compute_flops_equiv(work_per_call, rows, 1.0, work_half, rows_half, slow)
 
 
 def graph_time(dev, op) -> float:
     """Modeled seconds of `op` (an OpCost) as static graph calls on `dev` (a DeviceModel with graph parameters)."""
     clusters = dev.clusters
     mm = max(op.flops - op.attn_flops, 0.0)
-    u = utilisation(mm / op.calls, op.gemm_rows, dev.work_half_flops, dev.rows_half,
-                    spill(tile_bytes(op), dev.sram_bytes, dev.spill_factor))
-    compute = (mm / (clusters * dev.graph_peak_flops * u) if mm else 0.0) \
+    slow = spill(tile_bytes(op), dev.sram_bytes, dev.spill_factor)
+    compute = compute_flops_equiv(mm, op.gemm_rows, op.calls, dev.work_half_flops, dev.rows_half, slow) \
+        / (clusters * dev.graph_peak_flops) \
         + (op.attn_flops / (clusters * dev.attention_flops) if op.attn_flops else 0.0)
     memory = op.bytes / (clusters * dev.bandwidth_bytes_s)
     decompress = op.lut_params / (clusters * dev.decompress_params_s) if op.lut_params else 0.0

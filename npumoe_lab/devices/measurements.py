@@ -38,7 +38,8 @@ OPTIONAL = ("power_w", "energy_j", "note", "covers") + HOST_FIELDS
 # op-level host rows add the engine op they time: work.op (ops.OP_KINDS) and work.cost (its recorded OpCost)
 OP_WORK = ("op", "cost")
 GEMM_WORK = ("gemms", "act_gemms", "weight_format", "calls", "activation_elems", "stream_bytes", "rows") + OP_WORK
-FORWARD_WORK = ("geometry", "rows", "context", "calls", "layers", "weight_format", "lm_head", "gemms") + OP_WORK
+FORWARD_WORK = ("geometry", "rows", "context", "calls", "layers", "weight_format", "lm_head", "gemms", "streams",
+                "weight_passes") + OP_WORK
 COLUMNS = ("id", "file", "chip", "device", "path", "kind", "role", "confidence", "measured_s", "power_w", "energy_j",
            "work", "source_ref", "source_read", "covers", "note", "host_busy")
 
@@ -100,6 +101,12 @@ def _check_work(work, kind, where) -> None:
             raise NpuMoeError(f"{where}: work.context (past tokens in the KV cache) must be a whole number >= 0")
         if "layers" in work and not _whole(work["layers"]):
             raise NpuMoeError(f"{where}: work.layers must be a whole number >= 1")
+        for key in ("streams", "weight_passes"):
+            if key in work and not _whole(work[key]):
+                raise NpuMoeError(f"{where}: work.{key} must be a whole number >= 1, got {work[key]!r}")
+        if work.get("rows", 0) % work.get("streams", 1):
+            raise NpuMoeError(f"{where}: work.rows ({work['rows']}) must be a multiple of work.streams "
+                              f"({work['streams']}): each stream gets rows / streams tokens")
         return
     if kind in WHOLE_KINDS:
         raise NpuMoeError(f"{where}: a {kind} row describes a whole forward: give work.geometry, rows, context")

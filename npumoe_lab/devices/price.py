@@ -10,6 +10,13 @@ price an op stream once per draw matrix instead of once per draw.
 - `platform_params(platform)` -> {knob: array (1,)} for every knob in PARAM_KEYS (role_key, as the override knobs),
   plus the fixed rate curves (`npu_throughput_curve`, `cpu_throughput_curve`: tuples of (size, FLOP/s) or None).
 - `with_draws(base, names, draws)` -> base with the named knobs replaced by the columns of draws (D, P).
+- Predictive noise (the model's own error on top of the parameter draws), from a fit-device posterior:
+  `predictive_sigma(posterior, groups)` -> (D, N) log-noise sigma per draw and op: the fitted noise for ops whose
+  device/kind group the fit rows contain, max(that, `posterior.transfer_sigma_log`) for every other (whole
+  forwards, simulated runs: fit.py estimates it by leave-one-group-out cross-validation on fit rows only);
+  `transfer_sigma(posterior)` -> that scalar or None; `with_noise(seconds, sigma, seed)` -> seconds x exp(sigma z).
+  For a whole run (a sum over many ops) draw ONE z per parameter draw and run (the error of a kind of work is
+  systematic across its ops): `with_noise(ttft (D,), sigma (D,), seed)`, not one per op.
 """
 from __future__ import annotations
 
@@ -81,6 +88,31 @@ def with_draws(base: dict, names, draws) -> dict:
     return {**base, **{n: draws[:, i] for i, n in enumerate(names)}}
 
 
+def transfer_sigma(posterior) -> float | None:
+    """The cross-validated log-noise sigma of work the fit rows do not contain (fit.py), or None."""
+    v = (posterior or {}).get("transfer_sigma_log")
+    return None if v is None else float(v)
+
+
+def predictive_sigma(posterior: dict, groups) -> np.ndarray:
+    """(D, N) log-noise sigma: the posterior's fitted noise draws for ops of a fitted device/kind group, at least
+    the transfer sigma for the others (module doc). `groups`: N strings like "npu/gemm" (fit.row_group)."""
+    sig = np.asarray(posterior["sigma_log"], dtype=float).reshape(-1, 1)
+    groups = list(groups)
+    t = transfer_sigma(posterior)
+    if t is None:
+        return np.broadcast_to(sig, (sig.shape[0], len(groups))).copy()
+    unfitted = np.array([g not in set(posterior.get("fitted_groups") or ()) for g in groups])
+    return np.where(unfitted[None, :], np.maximum(sig, t), sig)
+
+
+def with_noise(seconds: np.ndarray, sigma: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Posterior predictive draws: each modeled value times exp(sigma x z), z standard normal (seeded)."""
+    seconds = np.asarray(seconds, dtype=float)
+    z = np.random.default_rng(seed).standard_normal(seconds.shape)
+    return seconds * np.exp(np.asarray(sigma, dtype=float) * z)
+
+
 def _curve_rate(curve, size: np.ndarray) -> np.ndarray:
     """Log-log interpolation of a (size, FLOP/s) curve, clamped at its ends (DeviceModel.gemm_rate)."""
     s, r = (np.log(np.asarray([p[i] for p in curve])) for i in (0, 1))
@@ -121,12 +153,13 @@ def _graph(params: dict, ops: dict) -> np.ndarray:
     d_rows = _col(params, "npu_direct_rows_half")
     rows_half = np.where((ops["direct"] > 0.5) & ~np.isnan(d_rows), d_rows, g["rows_half"])
     mm = np.maximum(ops["flops"] - ops["attn_flops"], 0.0)
-    w = mm / ops["calls"]
     x4 = (ops["tile_bytes"] / g["sram_bytes"]) ** 4
     slow = 1.0 + (1.0 / g["spill_factor"] - 1.0) * x4 / (1.0 + x4)
-    u = np.where(w > 0, w / (w + g["work_half_flops"]) * ops["rows"] / (ops["rows"] + rows_half) / slow, 1.0)
-    compute = mm / (g["clusters"] * g["graph_peak_flops"] * u) + ops["attn_flops"] / (g["clusters"] *
-                                                                                     g["attention_flops"])
+    # graph_cost.compute_flops_equiv: row-tile floor (spilled) + per-call fill (0 without matmul work)
+    equiv = np.where(mm > 0, mm * np.maximum(1.0, rows_half / ops["rows"]) * slow
+                     + ops["calls"] * g["work_half_flops"], 0.0)
+    compute = equiv / (g["clusters"] * g["graph_peak_flops"]) + ops["attn_flops"] / (g["clusters"] *
+                                                                                   g["attention_flops"])
     memory = ops["bytes"] / (g["clusters"] * bw)
     decompress = ops["lut_params"] / (g["clusters"] * g["decompress_params_s"])
     return ops["calls"] * call + np.maximum(np.maximum(compute, memory), decompress)

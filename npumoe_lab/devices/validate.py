@@ -18,11 +18,11 @@ import numpy as np
 import pandas as pd
 
 from npumoe_lab.errors import NpuMoeError
-from npumoe_lab.devices.fit import RowSet
+from npumoe_lab.devices.fit import RowSet, row_group
 from npumoe_lab.devices.graph_cost import call_power
 from npumoe_lab.devices.measurements import load_measurements
 from npumoe_lab.devices.platform import resolve_platform
-from npumoe_lab.devices.price import platform_params, with_draws
+from npumoe_lab.devices.price import platform_params, predictive_sigma, with_draws, with_noise
 from npumoe_lab.devices.workload import row_op
 
 CSV_COLUMNS = ("id", "role", "kind", "chip", "device", "path", "confidence", "measured_s", "predicted_s",
@@ -62,15 +62,16 @@ def predict(platform, rows: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
 
 
 def _interval(platform, rows, post, seed):
-    """5/95 % of the posterior predictive: each draw's prediction times exp(sigma * z)."""
+    """5/95 % of the posterior predictive: each draw's prediction times exp(sigma * z / weight), sigma = the fitted
+    noise for a row whose device/kind group was fitted, else at least the cross-validated transfer sigma
+    (price.predictive_sigma); L rows count with twice the noise (fit.CONF_SIGMA)."""
     draws = np.asarray(post["draws"], dtype=float)
-    sigma = np.asarray(post["sigma_log"], dtype=float)
     base = platform_params(platform)
     params = with_draws(base, post["params"], draws)
     rs = RowSet.of(rows)
     pred = rs.predicted(params)                                         # (S, rows)
-    z = np.random.default_rng(seed).standard_normal(pred.shape)
-    pred = pred * np.exp(sigma[:, None] * z / rs.weight)
+    sigma = predictive_sigma(post, [row_group(d, k) for d, k in zip(rows.device, rows.kind)])
+    pred = with_noise(pred, sigma / rs.weight, seed)
     return np.percentile(pred, 5, axis=0), np.percentile(pred, 95, axis=0)
 
 
@@ -94,6 +95,16 @@ def summary(res: pd.DataFrame, platform, skipped: int, source: str) -> str:
         cov = val.covered.astype(bool).mean()
         lines += ["", f"Coverage of the 90 % posterior predictive interval on validate rows: "
                       f"{int(val.covered.astype(bool).sum())} of {len(val)} ({cov:.0%}; goal >= 80 %)."]
+        post = platform.posterior
+        t = post.get("transfer_sigma_log")
+        lines += ["", "Interval: parameter draws of the posterior x exp(sigma z); sigma = the fitted log noise "
+                      f"(median {np.median(post['sigma_log']):.3f}) for rows of a fitted device/kind group "
+                      f"({', '.join(post.get('fitted_groups') or []) or 'none recorded'}), and at least the "
+                      + (f"transfer sigma {t:.3f} (leave-one-group-out cross-validation on fit rows only: "
+                         f"{post.get('transfer_sigma_method', '')}) for every other row"
+                         if t is not None else "fitted noise for every other row too (no transfer sigma: "
+                                               "these intervals are too narrow for unfitted kinds of work)")
+                      + "; L rows with twice the noise."]
     elif len(val):
         lines += ["", "No posterior on this platform (sourced values): no intervals, no coverage."]
     return "\n".join(lines) + "\n"

@@ -10,7 +10,10 @@ is B*H*W*C, not its im2col matrix). `calls` calls are timed together: the OpCost
 Forward rows (`work.geometry`) are a whole forward of `rows` tokens with `context` past tokens in the KV cache, in
 `calls` graph calls: per layer the attention (devices/cost.py attention_cost) and the MLP (a SwiGLU: dense_cost
 gate+up and down; `gated_mlp: false` in the geometry: a GELU MLP, up and down; MoE geometries: expert_ffn_cost with every expert at capacity ceil(rows*top_k/E)), plus the LM
-head for every row when `lm_head` (default true). They are combined into one OpCost: the graph-level structure
+head for every row when `lm_head` (default true). `streams` (default 1): the rows are that many independent
+sequences (a batched decode step of B streams: rows = B, each stream its own KV cache of `context`, read per
+stream; cost.attention_cost). `weight_passes` (default 1): how many times the call moves its weight bytes (e.g. 3
+when the runtime copies every weight before using it: read + write of the copy, then the GEMM's read). They are combined into one OpCost: the graph-level structure
 prices total work, rows and stored bytes; the per-op roofline rates it at its dominant GEMM, as it rates a
 grouped-expert graph.
 """
@@ -72,6 +75,7 @@ def forward_op(rid: str, work: dict) -> OpCost:
     wb, lut = weight_format(work["weight_format"])
     ab = ACT_BYTES.get(work["weight_format"], 2)
     rows, past, calls = int(work["rows"]), int(work.get("context", 0)), int(work.get("calls", 1))
+    streams, passes = int(work.get("streams", 1)), int(work.get("weight_passes", 1))
     hidden = int(_get(g, "hidden_size"))
     heads = int(_get(g, "num_attention_heads"))
     kv = int(_get(g, "num_key_value_heads", default=heads))
@@ -80,7 +84,8 @@ def forward_op(rid: str, work: dict) -> OpCost:
     n_exp = _get(g, "num_experts", "num_local_experts", "n_routed_experts", default=0)
     ops = []
     for _ in range(layers):
-        ops.append(attention_cost(rows, past, hidden, heads, kv, head_dim, dtype_bytes=ab, weight_bytes=wb))
+        ops.append(attention_cost(rows, past, hidden, heads, kv, head_dim, dtype_bytes=ab, weight_bytes=wb,
+                                  streams=streams))
         if n_exp:
             inter = int(_get(g, "moe_intermediate_size", "intermediate_size"))
             top_k = int(_get(g, "num_experts_per_tok", "top_k"))
@@ -94,7 +99,8 @@ def forward_op(rid: str, work: dict) -> OpCost:
     if work.get("lm_head", True):
         ops.append(dense_cost(rows, hidden, int(_get(g, "vocab_size")), dtype_bytes=ab, weight_bytes=wb))
     c = OpCost.combine(rid, *ops)
-    return OpCost(rid, c.flops, c.bytes, calls, c.gemm, weight_bytes=c.weight_bytes, rows=rows,
+    moved = c.bytes + (passes - 1) * c.weight_bytes      # weight_passes: the weights move that many times
+    return OpCost(rid, c.flops, moved, calls, c.gemm, weight_bytes=c.weight_bytes, rows=rows,
                   attn_flops=c.attn_flops, lut_params=c.weight_bytes / wb if lut else 0.0)
 
 

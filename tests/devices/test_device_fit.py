@@ -120,3 +120,105 @@ def test_too_few_rows_and_bad_spec_are_one_line_exit_2(tmp_path, capsys):
     assert "does not parse" in err and "\n" not in err and not out.exists()
     assert main(["validate-device", "--platform", str(tmp_path / "no.yaml"), "--out", str(out)]) == 2
     assert "does not exist" in capsys.readouterr().err and not out.exists()
+
+
+def _forward_row(i, rng):
+    """A small dense forward (validate, H) of random geometry: a kind of work no fit row contains."""
+    h = int(rng.choice([128, 256, 512]))
+    geo = {"hidden_size": h, "num_hidden_layers": int(rng.integers(1, 4)), "num_attention_heads": 4,
+           "intermediate_size": 2 * h, "vocab_size": 1000}
+    return {"id": f"fw{i}", "chip": "host-toy", "device": "npu", "path": "coreml", "kind": "model_forward",
+            "role": "validate", "confidence": "H", "source": {"ref": "generated", "read": "test truth"},
+            "work": {"geometry": geo, "rows": int(rng.choice([1, 16, 128])), "context": 0,
+                     "weight_format": "fp16"}}
+
+
+def test_interval_coverage_on_a_known_truth(tmp_path):
+    """validate-device's 90 % interval covers ~90 % of values drawn from the model at known parameters with known
+    noise: the fitted sigma for a fitted group (npu/gemm), the transfer sigma for whole forwards. With the fitted
+    sigma alone the forwards would be covered ~8 % of the time, so the test fails if the transfer sigma is lost."""
+    from npumoe_lab.devices.validate import predict
+    raw = yaml.safe_load(open(_platform(tmp_path)))
+    raw["npu"]["graph_model"]["value"] = 1
+    for k, v in TRUTH.items():
+        raw[k.split("_", 1)[0]][k.split("_", 1)[1]]["value"] = v
+    s_fit, s_transfer, n = 0.08, 0.5, 400
+    raw["posterior"] = {"params": ["npu_graph_peak_flops"], "draws": [[TRUTH["npu_graph_peak_flops"]]] * n,
+                        "sigma_log": [s_fit] * n, "fitted_groups": ["npu/gemm"], "transfer_sigma_log": s_transfer}
+    path = tmp_path / "toy.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    truth = get_platform(str(path))
+    rng = np.random.default_rng(7)
+    rows = [_forward_row(i, rng) for i in range(300)]
+    rows += [{**rows[0], "id": f"g{i}", "kind": "gemm", "path": "direct",
+              "work": {"gemms": [[int(m), 512, 512, 1]], "weight_format": "fp16"}}
+             for i, m in enumerate(rng.choice([8, 64, 512, 2048], 300))]
+    for r in rows:
+        sigma = s_transfer if r["kind"] == "model_forward" else s_fit
+        r["measured_s"] = float(truth.npu.for_path(r["path"]).estimate(row_op(r)) * np.exp(sigma * rng.standard_normal()))
+    res = predict(truth, load_measurements(_write_rows(tmp_path / "m", rows)), seed=3)
+    for kind in ("model_forward", "gemm"):
+        cov = res[res.kind == kind].covered.astype(bool).mean()
+        assert 0.84 <= cov <= 0.96, (kind, cov)
+
+
+def test_transfer_sigma_uses_fit_rows_only(tmp_path):
+    """The cross-validated transfer sigma and the validate rows' intervals do not move when a validate row's
+    measured value does; they do move when a fit row's does (so the check can fail)."""
+    from npumoe_lab.devices.fit import write_fit
+    from npumoe_lab.devices.validate import predict
+    path = _platform(tmp_path)
+    base = _measured(path, _rows())
+    rng = np.random.default_rng(0)
+    whole = _forward_row(0, rng)
+    out = []
+    for tag, whole_s, first_fit in (("a", 2e-3, None), ("b", 9e-1, None), ("c", 2e-3, 3.0)):
+        rows = [dict(r) for r in base]
+        if first_fit:
+            rows[0]["measured_s"] *= first_fit
+        rows.append({**whole, "measured_s": whole_s})
+        df = load_measurements(_write_rows(tmp_path / f"m{tag}", rows))
+        res = fit_platform(get_platform(str(path)), df, steps=60, seed=2)
+        fitted = get_platform(str(write_fit(get_platform(str(path)), res, tmp_path / f"f{tag}")))
+        val = predict(fitted, df[df.role == "validate"])
+        out.append((res.transfer_sigma, res.cv, float(val.predicted_lo.iloc[0]), float(val.predicted_hi.iloc[0])))
+        assert set(res.cv) == {"npu/gemm", "npu/gemv_stream", "npu/attention", "npu/conv_chain"}
+        assert "npu/model_forward" not in fitted.posterior["fitted_groups"]
+    assert out[0] == out[1]                               # the validate row's value changed: nothing moved
+    assert out[2][0] != out[0][0] and out[2][2:] != out[0][2:]   # a fit row's value changed: the interval moved
+
+
+def test_predictive_sigma_by_group():
+    from npumoe_lab.devices.price import predictive_sigma, transfer_sigma, with_noise
+    post = {"sigma_log": [0.1, 0.3], "fitted_groups": ["npu/gemm"], "transfer_sigma_log": 0.2}
+    s = predictive_sigma(post, ["npu/gemm", "npu/model_forward", "cpu/gemm"])
+    np.testing.assert_allclose(s, [[0.1, 0.2, 0.2], [0.3, 0.3, 0.3]])       # at least the transfer sigma
+    assert transfer_sigma(post) == 0.2 and transfer_sigma({"sigma_log": [1]}) is None
+    np.testing.assert_allclose(predictive_sigma({"sigma_log": [0.1]}, ["a", "b"]), [[0.1, 0.1]])
+    x = with_noise(np.ones(20000), 0.5, seed=1)
+    assert np.std(np.log(x)) == pytest.approx(0.5, rel=0.03)
+
+
+def test_transfer_block_takes_point_and_draws_from_the_source_fit(tmp_path):
+    """A platform's `transfer:` parameters come from another fit (its point; its draws, paired at random), are not
+    fitted on this chip's rows, and with under two groups of its own rows the transfer sigma is the source's."""
+    from npumoe_lab.devices.fit import write_fit
+    src_path = _platform(tmp_path)
+    df = load_measurements(_write_rows(tmp_path / "m", _measured(src_path, _rows())))
+    src_res = fit_platform(get_platform(str(src_path)), df, steps=60, seed=1)
+    src_fit = get_platform(str(write_fit(get_platform(str(src_path)), src_res, tmp_path / "src")))
+    raw = yaml.safe_load(open(src_path))
+    raw.update(name="ultra", fit=[{"param": "npu_bandwidth_bytes_s", "low": 1e10, "high": 4e11}],
+               transfer={"platform": str(tmp_path / "src" / "toy-fit.yaml"), "params": ["npu_attention_flops"],
+                         "note": "same silicon"})
+    (tmp_path / "ultra.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    gemv_only = df[df.kind == "gemv_stream"]                          # one group: no cross-validation here
+    res = fit_platform(get_platform(str(tmp_path / "ultra.yaml")), gemv_only, steps=60, seed=1)
+    assert res.names == ["npu_bandwidth_bytes_s", "npu_attention_flops"]
+    j = src_fit.posterior["params"].index("npu_attention_flops")
+    assert res.point[1] == src_fit.params["npu"]["attention_flops"]["value"]
+    assert set(res.draws[:, 1]) <= {d[j] for d in src_fit.posterior["draws"]}
+    assert res.cv == {} and res.transfer_sigma == pytest.approx(src_fit.posterior["transfer_sigma_log"])
+    out = get_platform(str(write_fit(get_platform(str(tmp_path / "ultra.yaml")), res, tmp_path / "u")))
+    assert out.params["npu"]["attention_flops"]["source"].startswith("transferred from toy-fit")
+    assert out.posterior["transferred"]["params"] == ["npu_attention_flops"]

@@ -42,6 +42,11 @@ def test_good_row_loads(tmp_path):
     ({"kind": "model_forward", "work": {"geometry": "qwen3-30b-a3b", "rows": 64, "weight_format": "fp16"}},
      "only be role validate"),
     ({"kind": "model_forward", "role": "validate"}, "whole forward"),
+    ({"kind": "model_forward", "role": "validate", "work": {"geometry": "qwen3-30b-a3b", "rows": 6, "streams": 4,
+                                                          "weight_format": "fp16"}}, "multiple of work.streams"),
+    ({"kind": "model_forward", "role": "validate", "work": {"geometry": "qwen3-30b-a3b", "rows": 4,
+                                                          "weight_passes": 0, "weight_format": "fp16"}},
+     "weight_passes must be"),
 ])
 def test_bad_row_is_one_error_naming_file_and_row(tmp_path, change, msg):
     row = {k: v for k, v in {**GOOD, **change}.items() if v != "drop"}
@@ -99,3 +104,21 @@ def test_shipped_measurements_obey_the_rule():
     assert df[df.role == "fit"].chip.nunique() >= 3
     for r in df.itertuples():
         row_op(r)                                   # every row prices
+
+
+def test_forward_streams_and_weight_passes_by_hand():
+    """A batched decode step of B streams reads B KV caches (each `context` + 1 keys) and scores each token against
+    its own cache; weight_passes moves the weights that many times. Hand-computed for one layer, no LM head."""
+    g = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 128,
+         "vocab_size": 10}
+    work = {"geometry": g, "rows": 8, "context": 24, "weight_format": "fp16", "lm_head": False}
+    one = row_op({"id": "a", "work": work})
+    many = row_op({"id": "b", "work": {**work, "streams": 8, "weight_passes": 3}})
+    hd, kv = 16, 64
+    assert one.attn_flops == 2 * 2.0 * 4 * 8 * (24 + 8) * hd          # one sequence: keys = past + chunk
+    assert many.attn_flops == 2 * 2.0 * 4 * 8 * (24 + 1) * hd         # 8 streams of 1 token: keys = past + 1
+    weights = (4 * 64 * 64 + 3 * 64 * 128) * 2.0
+    kv_read_one, kv_read_many = 2 * 32 * kv * 2.0, 8 * 2 * 25 * kv * 2.0
+    assert one.weight_bytes == many.weight_bytes == weights             # stored weights: the same
+    assert many.bytes - one.bytes == pytest.approx(2 * weights + kv_read_many - kv_read_one)
+    assert (many.flops - many.attn_flops) == (one.flops - one.attn_flops)   # projections and MLP: all rows

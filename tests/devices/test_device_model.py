@@ -20,11 +20,11 @@ def test_graph_time_by_hand():
     p = get_platform("m4-max[npu_graph_model=graph]")
     d = p.npu
     op = OpCost("x", flops=3e9, bytes=5e6, calls=2, gemm=(64, 2048, 4096), rows=64, attn_flops=1e9, lut_params=4e6)
-    w = 2e9 / 2
     x4 = (2 * 2048 * 4096 / d.sram_bytes) ** 4
     slow = 1 + (1 / d.spill_factor - 1) * x4 / (1 + x4)
-    u = w / (w + d.work_half_flops) * 64 / (64 + d.rows_half) / slow
-    compute = 2e9 / (d.graph_peak_flops * u) + 1e9 / d.attention_flops
+    # row tile (a GEMM of 64 rows takes max(64, rows_half) rows' time per weight, spilled) + 2 calls' pipeline fill
+    compute = (2e9 * max(1, d.rows_half / 64) * slow + 2 * d.work_half_flops) / d.graph_peak_flops \
+        + 1e9 / d.attention_flops
     expect = 2 * (d.dispatch_s + d.sync_s) + max(compute, 5e6 / d.bandwidth_bytes_s, 4e6 / d.decompress_params_s)
     assert d.estimate(op) == pytest.approx(expect, rel=1e-12)
     # the roofline structure ignores the graph fields: same op, old formula
@@ -41,13 +41,32 @@ def test_fused_graph_beats_single_op_rate():
     assert group.flops / (new.estimate(group) - new.call_overhead_s) > 2 * old.gemm_rate(group.gemm)
 
 
+def test_one_row_graph_pays_per_weight_not_per_call():
+    """The row-tile floor: a 1-row graph of k GEMVs' weights costs k GEMVs' compute in ONE call (only the call cost
+    and the pipeline fill are per call), so a decoder step of 1 GB of weights cannot amortise like a compute-bound
+    graph (the structure before 2026-12-02 priced the M4 Max toy decoder 4.5x too fast for that reason)."""
+    d = get_platform("m4-max[npu_graph_model=graph; npu_bandwidth_bytes_s=1e15; npu_rows_half=64; "
+                     "npu_sram_bytes=1e12]").npu      # compute-bound, no spill: only the compute term shows
+    gemv = OpCost("gemv", 2.0 * 4096 * 4096, 2.0 * 4096 * 4096, gemm=(1, 4096, 4096), rows=1)
+    k = 32
+    step = OpCost("step", k * gemv.flops, k * gemv.bytes, gemm=(1, 4096, 4096), rows=1)
+    fill = d.work_half_flops / d.graph_peak_flops
+    one = d.estimate(gemv) - d.call_overhead_s - fill
+    assert one == pytest.approx(gemv.flops * 64 / d.graph_peak_flops)          # 64 rows' time per weight
+    assert d.estimate(step) - d.call_overhead_s - fill == pytest.approx(k * one)
+    many = OpCost("rows", 64 * gemv.flops, gemv.bytes, gemm=(64, 4096, 4096), rows=64)
+    assert d.estimate(many) == pytest.approx(d.estimate(gemv))                 # 64 rows fill the tile for free
+
+
 def _ops_of_every_kind():
     df = load_measurements(REPO_ROOT / "data/measurements")
     ops = [(r.device, row_op(r), r.path) for r in df.itertuples()]
     ops += [("npu", expert_ffn_cost(8, 32, 1024, 512, weight_bytes=0.5), "coreml"),
             ("npu", attention_cost(128, 3000, 2048, 32, 4, 64), "coreml"),
             ("cpu", dense_cost(7, 2048, 128), "coreml"), ("npu", memory_cost(1e6, "pack", calls=3), "coreml"),
-            ("npu", OpCost.combine("grp", dense_cost(4, 64, 64), attention_cost(4, 0, 64, 4, 4, 16)), "direct")]
+            ("npu", OpCost.combine("grp", dense_cost(4, 64, 64), attention_cost(4, 0, 64, 4, 4, 16)), "direct"),
+            ("npu", OpCost("wide", 2e12, 3e9, calls=5, gemm=(3, 8192, 8192), rows=3, weight_bytes=2e9), "coreml"),
+            ("npu", OpCost("tall", 2e12, 3e9, calls=2, gemm=(4096, 8192, 8192), rows=4096), "direct")]
     return ops
 
 
