@@ -26,6 +26,11 @@ average away over a stream's thousands of ops and understate it. Default: none (
 uncertainty only). fit-device's `sigma_log` (the likelihood's noise on the fit rows, which validate-device adds per
 row) is not read by default; `parameter_draws(..., noise="fit")` uses it.
 
+On a fitted platform the parameters fit-device did not fit (the posterior has no column for them: e.g. the Core
+ML dispatch_s when only the direct path's was fitted, or the CPU rates of a chip without CPU rows) are drawn from
+their prior as on a sourced one (`draws_source` says 'posterior+prior'); holding them at their point would make
+the intervals narrower than anything was measured.
+
 The prior: a parameter of confidence H is fixed at its value; one of confidence M or L is log-uniform over the range
 spanned by its value and its positive `alternatives`, or, with no alternatives, over value x [1/1.25, 1.25] (M) or
 [1/2, 2] (L). A zero value stays zero. A role's `throughput_curve` keeps its shape and scales with the drawn
@@ -94,10 +99,32 @@ def _prior_range(entry: dict) -> tuple[float, float] | None:
     return (v / f, v * f) if f else None
 
 
-def draws_source(platform) -> str:
-    """'posterior' (fit-device's draws in the platform file) or 'prior' (the sourced parameters' ranges)."""
+def _prior_keys(platform) -> list[tuple[str, tuple[float, float]]]:
+    """(param, (low, high)) of every priced parameter with a prior range (module docstring)."""
+    graph = GRAPH_DRAWN if platform.npu.graph_model else ()
+    out = []
+    for role in ("npu", "cpu"):
+        for key in PRICED[role] + (graph if role == "npu" else ()):
+            r = _prior_range(platform.params[role].get(key) or {})
+            if r is not None:
+                out.append((f"{role}_{key}", r))
+    return out
+
+
+def _posterior(platform) -> dict | None:
     post = getattr(platform, "posterior", None)
-    return "posterior" if isinstance(post, dict) and post.get("draws") else "prior"
+    return post if isinstance(post, dict) and post.get("draws") else None
+
+
+def draws_source(platform) -> str:
+    """'prior' (the sourced parameters' ranges), 'posterior' (fit-device's draws in the platform file cover every
+    uncertain priced parameter) or 'posterior+prior' (the fitted parameters from the posterior, the platform's other
+    uncertain parameters from their prior: a parameter nobody fitted is not known better for sitting in a fit)."""
+    post = _posterior(platform)
+    if post is None:
+        return "prior"
+    fitted = set(post.get("params") or ())
+    return "posterior+prior" if any(k not in fitted for k, _ in _prior_keys(platform)) else "posterior"
 
 
 def _noise_sigma(post, mode: str, n_rows: int) -> np.ndarray | None:
@@ -116,9 +143,13 @@ def _noise_sigma(post, mode: str, n_rows: int) -> np.ndarray | None:
     return None
 
 
-def parameter_draws(platform, n: int, seed: int = 0, noise: str = "auto") -> dict:
+def parameter_draws(platform, n: int, seed: int = 0, noise: str = "auto", rest: str = "prior") -> dict:
     """{param: (n,) array} of every priced parameter (module docstring): posterior draws, else the prior.
-    `noise`: the predictive-noise hook (module docstring): auto | none | fit; with noise, `noise_factor` (n,)."""
+    `noise`: the predictive-noise hook (module docstring): auto | none | fit; with noise, `noise_factor` (n,).
+    `rest`: on a fitted platform, the parameters it did not fit: "prior" (default) or "fixed" at their point values
+    (the fitted parameters' uncertainty alone)."""
+    if rest not in ("prior", "fixed"):
+        raise NpuMoeError(f"rest {rest!r}: use prior or fixed")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise NpuMoeError(f"the number of parameter draws must be an integer >= 1, got {n!r}")
     if noise not in NOISE_MODES:
@@ -126,8 +157,8 @@ def parameter_draws(platform, n: int, seed: int = 0, noise: str = "auto") -> dic
     rng = np.random.default_rng(seed)
     point = platform_params(platform)
     out = {k: np.full(n, v) for k, v in point.items() if not k.endswith("_throughput_curve")}
-    post = getattr(platform, "posterior", None)
-    if draws_source(platform) == "posterior":
+    post, fitted, sigma, pick = _posterior(platform), set(), None, None
+    if post is not None:
         names, rows = list(post.get("params") or ()), np.asarray(post["draws"], dtype=float)
         if rows.ndim != 2 or rows.shape[1] != len(names):
             raise NpuMoeError(f"platform {platform.name!r}: posterior draws are {rows.shape}, expected one column "
@@ -136,20 +167,18 @@ def parameter_draws(platform, n: int, seed: int = 0, noise: str = "auto") -> dic
         for j, name in enumerate(names):
             if name in out:
                 out[name] = rows[pick, j]
+        fitted = set(names)
         sigma = _noise_sigma(post, noise, len(rows))
-        if sigma is not None:       # drawn after the parameters: the same seed gives the same parameter draws
-            out["noise_factor"] = np.exp(sigma[pick] * rng.standard_normal(n))
-    else:
-        graph = GRAPH_DRAWN if platform.npu.graph_model else ()
-        for role in ("npu", "cpu"):
-            for key in PRICED[role] + (graph if role == "npu" else ()):
-                rng_ = _prior_range(platform.params[role].get(key) or {})
-                if rng_ is not None:
-                    lo, hi = rng_
-                    out[f"{role}_{key}"] = np.exp(rng.uniform(math.log(lo), math.log(hi), n))
-    for role in ("npu", "cpu"):           # a curve keeps its shape and follows the drawn peak rate
-        base = point[f"{role}_throughput_flops"]
-        out[f"{role}_curve_scale"] = out[f"{role}_throughput_flops"] / base if base else np.ones(n)
+    for key, (lo, hi) in _prior_keys(platform):       # the prior; on a fit, for what it did not fit
+        if key not in fitted and (post is None or rest == "prior"):
+            out[key] = np.exp(rng.uniform(math.log(lo), math.log(hi), n))
+    if sigma is not None:       # drawn last: the same seed gives the same parameter draws with or without noise
+        out["noise_factor"] = np.exp(sigma[pick] * rng.standard_normal(n))
+    for role in ("npu", "cpu"):
+        # a curve keeps its shape and follows a peak rate drawn from the prior (its level is what the
+        # alternatives disagree on); a fitted peak rate leaves the curve as the fit priced it (devices/price.py)
+        base, key = point[f"{role}_throughput_flops"], f"{role}_throughput_flops"
+        out[f"{role}_curve_scale"] = out[key] / base if base and key not in fitted else np.ones(n)
         out[f"{role}_throughput_curve"] = point[f"{role}_throughput_curve"]
     return out
 

@@ -52,5 +52,5 @@ def test_run_rows_carry_the_label_and_a_fitted_platform_gets_its_posterior_inter
     assert by.at["m2-max-fit", "platform_base"] == "m2-max-fit"
     assert by.at["m2-max[npu_dispatch_s=0.0004]", "platform_base"] == "m2-max"
     fit = by.loc["m2-max-fit"]
-    assert fit.interval_source == "posterior" and fit.interval_draws == 40
+    assert fit.interval_source == "posterior+prior" and fit.interval_draws == 40
     assert fit.ttft_s_lo < fit.ttft_s_hi and fit.energy_per_token_mj_lo < fit.energy_per_token_mj_hi

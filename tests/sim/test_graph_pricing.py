@@ -77,7 +77,7 @@ def test_simulate_on_a_fitted_platform_has_intervals_from_the_posterior():
     for col in ("ttft_s", "energy_per_token_mj", "cpu_cycles"):
         np.testing.assert_allclose(a[col].to_numpy(float), o[col].to_numpy(float), rtol=1e-9)
         assert (a[f"{col}_lo"] < a[f"{col}_hi"]).all()
-    assert set(a.interval_source) == {"posterior"} and set(a.interval_draws) == {80}
+    assert set(a.interval_source) == {"posterior+prior"} and set(a.interval_draws) == {80}
 
 
 def _stream(platform, variant="npumoe", prompt=512, chunk=256):
@@ -106,15 +106,15 @@ def test_interval_contains_the_point_and_moves_with_the_draws():
     stream, _ = _stream(plat)
     point = stream_metrics(stream, platform_params(plat), False)["ttft_s"][0]
     around = dataclasses.replace(plat, posterior=_posterior_around(plat, 1.0))
-    t = stream_metrics(stream, parameter_draws(around, 400, seed=0), False)["ttft_s"]
+    t = stream_metrics(stream, parameter_draws(around, 400, seed=0, rest="fixed"), False)["ttft_s"]
     lo, hi = np.percentile(t, [5, 95])
     assert lo < point < hi
     # half the peak and attention rates in every draw: compute-bound ops take longer, so the interval moves up
     slow = dataclasses.replace(plat, posterior=_posterior_around(plat, 0.5))
-    t_slow = stream_metrics(stream, parameter_draws(slow, 400, seed=0), False)["ttft_s"]
+    t_slow = stream_metrics(stream, parameter_draws(slow, 400, seed=0, rest="fixed"), False)["ttft_s"]
     assert np.percentile(t_slow, 5) > lo and np.percentile(t_slow, 95) > hi and np.median(t_slow) > point
     # each draw is that parameter set priced: draw 0 equals the platform with those values set by hand
-    d = parameter_draws(slow, 5, seed=1)
+    d = parameter_draws(slow, 5, seed=1, rest="fixed")
     by_hand = dataclasses.replace(plat, npu=dataclasses.replace(plat.npu, graph_peak_flops=d["npu_graph_peak_flops"][0],
                                                                 attention_flops=d["npu_attention_flops"][0]))
     got = stream_metrics(stream, d, False)["ttft_s"][0]
@@ -167,3 +167,26 @@ def test_a_recorded_op_list_on_a_graph_platform_prices_like_the_replay():
         m = stream_metrics(stream, platform_params(plat), shared=False)
         for key in ("ttft_s", "energy_per_token_mj", "cpu_cycles"):
             assert math.isclose(m[key][0], res.summary[key], rel_tol=1e-9), (variant, key)
+
+
+def test_a_fit_draws_what_it_did_not_fit_from_the_prior():
+    """m2-max-fit fitted the direct path's dispatch, not Core ML's dispatch_s (what simulations pay): that one is
+    drawn from its sourced range as on the sourced platform; fitted columns are posterior rows; structure stays."""
+    from npumoe_lab.sim.pricing import draws_source
+    plat = get_platform(FIT)
+    assert "npu_dispatch_s" not in plat.posterior["params"] and draws_source(plat) == "posterior+prior"
+    d = parameter_draws(plat, 400, seed=2)
+    e = plat.params["npu"]["dispatch_s"]
+    lo, hi = min([e["value"], *e["alternatives"].values()]), max([e["value"], *e["alternatives"].values()])
+    assert d["npu_dispatch_s"].min() >= lo and d["npu_dispatch_s"].max() <= hi and d["npu_dispatch_s"].std() > 0
+    rows = np.asarray(plat.posterior["draws"], float)
+    j = plat.posterior["params"].index("npu_graph_peak_flops")
+    assert np.isin(d["npu_graph_peak_flops"], rows[:, j]).all()
+    fixed = parameter_draws(plat, 50, seed=2, rest="fixed")
+    assert (fixed["npu_dispatch_s"] == plat.npu.dispatch_s).all()
+    assert (d["npu_clusters"] == plat.npu.clusters).all()        # structural: fixed
+    # the unfitted spread widens the interval: the TTFT interval with the prior for the rest contains the fixed one
+    stream, _ = _stream(plat)
+    wide = stream_metrics(stream, parameter_draws(plat, 300, seed=5), False)["ttft_s"]
+    narrow = stream_metrics(stream, parameter_draws(plat, 300, seed=5, rest="fixed"), False)["ttft_s"]
+    assert np.subtract(*np.percentile(wide, [95, 5])) > np.subtract(*np.percentile(narrow, [95, 5]))

@@ -51,7 +51,7 @@ def test_claims_and_their_probability_are_recomputed_from_each_draw():
         assert t.at[name, "kind"] == "claim" and t.at[name, "modeled"] == pytest.approx(point, rel=1e-9)
         assert t.at[name, "p_holds"] == pytest.approx(np.mean(drawn > 1))
         assert t.at[name, "modeled_lo"] == pytest.approx(np.percentile(drawn, 5), rel=1e-9)
-    assert table.interval_source.iloc[0] == "posterior (m2-max-fit)"
+    assert table.interval_source.iloc[0] == "posterior+prior (m2-max-fit)"
     assert table[table.kind == "quantity"].p_holds.isna().all()
 
 
@@ -62,7 +62,7 @@ def test_side_by_side_states_each_probability_of_both_runs():
     fit, _, _ = paper_check(sensitivity=False, grid=grid, platform_map=fits, draws=20)
     text = side_by_side(src, fit, fits)
     assert "| P(0.8-1.25x) sourced |" in text and "| P(holds) fitted |" in text
-    assert "sourced = prior (m2-max); fitted = posterior (m2-max-fit)" in text
+    assert "sourced = prior (m2-max); fitted = posterior+prior (m2-max-fit)" in text
     q = "speedup vs anemll, highest (x; paper end to end)"
     row = next(line for line in text.splitlines() if line.startswith(f"| {q} |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
