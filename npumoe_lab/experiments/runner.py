@@ -259,7 +259,7 @@ class _Run:
             for r, reps_r in enumerate(p.per_rep):
                 m = pd.DataFrame(reps_r)
                 row = dict(model=self.name, workload=workload, variant=v.name, platform=plat.label,
-                           platform_base=plat.name,
+                           platform_base=plat.name, platform_chip=plat.chip,
                            prompt_len=prompt_len, chunk=self.chunk, repeat=r, n_samples=len(self.samples),
                            score_name=self.workload.metric, score=accdf["score"].mean(),
                            ref_score=accdf["ref_score"].mean(),

@@ -11,7 +11,8 @@ against the sampled per-chunk counts. `draws=N` adds the 90 % interval of ttft_s
 (`_lo` / `_hi`) over N parameter draws (`pricing.parameter_draws`: the platform's posterior, else a prior), the same
 stream priced once per draw set, on either NPU cost structure (per-op roofline, graph-level: pricing.py).
 Rows name the platform by its label (`Platform.label`: name plus overrides, e.g. "m2-max[npu_dispatch_s=0.0004]";
-a fitted YAML its own name) in `platform`, and by its profile's name in `platform_base` (grouping by chip).
+a fitted YAML its own name) in `platform`, by its profile's name in `platform_base`, and by the measurement rows'
+chip in `platform_chip` (m2-max for both m2-max and m2-max-fit: grouping sourced and fitted by chip).
 """
 from __future__ import annotations
 
@@ -116,7 +117,7 @@ def _by_layout(variant, specs, profile, plats, knobs, memo=None) -> list:
 def _row(name, src, v, plat, plan, t, c, weights, summary, prov, knobs, footprint=None) -> dict:
     summary = {k: val for k, val in summary.items() if k != "host_wall_s"}    # nothing ran on this host
     return dict(model=name, workload=src.label.split(":")[0], variant=v.name, platform=plat.label,
-                platform_base=plat.name, prompt_len=t,
+                platform_base=plat.name, platform_chip=plat.chip, prompt_len=t,
                 chunk=c, repeat=0, n_samples=1, geometry=name, routing_source=src.label, routing_gini=src.gini(),
                 numerics_source="none", weights=weights, plan_hash=getattr(plan, "hash", None),
                 platform_kind=plat.kind, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **summary,

@@ -29,7 +29,7 @@ def test_simulated_rows_tell_overridden_platforms_apart():
     df = simulate("phi-tiny-moe", "synthetic:gini=0.5", [resolve_platform(s) for s in specs], "npumoe,cpu-only",
                   512, 256)
     assert set(df.platform) == {"m2-max", "m2-max[npu_dispatch_s=0.0004]"}
-    assert set(df.platform_base) == {"m2-max"}
+    assert set(df.platform_base) == {"m2-max"} and set(df.platform_chip) == {"m2-max"}
     assert df.groupby("platform").platform_hash.nunique().eq(1).all() and df.platform_hash.nunique() == 2
     # summaries keep them apart: one speedup row per label, not a mix of both under one name
     r = ratios(df, "ttft_s")
@@ -51,6 +51,7 @@ def test_run_rows_carry_the_label_and_a_fitted_platform_gets_its_posterior_inter
     assert set(by.index) == {"m2-max-fit", "m2-max[npu_dispatch_s=0.0004]"}
     assert by.at["m2-max-fit", "platform_base"] == "m2-max-fit"
     assert by.at["m2-max[npu_dispatch_s=0.0004]", "platform_base"] == "m2-max"
+    assert set(df.platform_chip) == {"m2-max"}          # sourced and fitted rows of one chip group together
     fit = by.loc["m2-max-fit"]
     assert fit.interval_source == "posterior+prior" and fit.interval_draws == 40
     assert fit.ttft_s_lo < fit.ttft_s_hi and fit.energy_per_token_mj_lo < fit.energy_per_token_mj_hi
