@@ -3,7 +3,8 @@
 modeled). Prints the wall time and the process CPU time (the host is shared: CPU time is what a quiet core takes),
 rows per second and the CPU it ran on (model, flags). Targets: one draw <= 10 s on 2 cores; 200 parameter draws
 (the 90 % intervals) <= 60 s. `--repeats N` runs each N times and reports the median; `--engine ops` times the
-per-op reference path instead."""
+per-op reference path instead. `--platforms` replaces the grid's two platforms (names, platform YAMLs, overrides),
+e.g. the fitted graph-level ones: --platforms data/fits/m2-max-fit.yaml,data/fits/m2-ultra-fit.yaml."""
 from __future__ import annotations
 
 import argparse
@@ -68,15 +69,19 @@ def main(argv=None) -> int:
     ap.add_argument("--engine", default="array", choices=("array", "ops"))
     ap.add_argument("--out", default=None, help="write the rows of the last one-draw repeat here")
     ap.add_argument("--tables", action="store_true", help="also print the paper-scale tables")
+    ap.add_argument("--platforms", "--platform", dest="platforms", default=GRID["platforms"],
+                    help=f"comma list of platform specs (default {GRID['platforms']}; e.g. fitted YAMLs)")
     a = ap.parse_args(argv)
+    grid = {**GRID, "platforms": a.platforms}
     load0 = os.getloadavg()[0]
     print(cpu_line())
-    df, wall, cpu, walls = timed(lambda: simulate(routing=a.routing, out=a.out, engine=a.engine, **GRID), a.repeats)
+    print(f"# platforms: {a.platforms}")
+    df, wall, cpu, walls = timed(lambda: simulate(routing=a.routing, out=a.out, engine=a.engine, **grid), a.repeats)
     print(f"paper grid: {len(df)} rows in {wall:.1f} s wall, {cpu:.1f} s process CPU (median of {a.repeats}: "
           f"{', '.join(f'{t:.1f}' for t in walls)} s wall), {len(df) / wall:.1f} rows/s; engine {a.engine}; "
           f"load average {load0:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; target <= 10 s")
     if a.draws:
-        dd, wall_d, cpu_d, _ = timed(lambda: simulate(routing=a.routing, draws=a.draws, engine=a.engine, **GRID),
+        dd, wall_d, cpu_d, _ = timed(lambda: simulate(routing=a.routing, draws=a.draws, engine=a.engine, **grid),
                                      a.repeats)
         print(f"paper grid with {a.draws} parameter draws (90 % intervals, {dd.interval_source.iloc[0]}): "
               f"{len(dd)} rows in {wall_d:.1f} s wall, {cpu_d:.1f} s process CPU; target <= 60 s")

@@ -20,7 +20,7 @@ def _paper_check(a) -> int:
     text = markdown(table, sens, a.routing)
     ftable = fdf = None
     if fits:                   # the same check on the fitted platforms, side by side
-        ftable, _, fdf = paper_check(a.routing, a.seed, False, platform_map=fits)
+        ftable, _, fdf = paper_check(a.routing, a.seed, False, platform_map=fits, draws=a.draws)
         text += side_by_side(table, ftable, fits)
     print(text + f"\n{len(table)} quantities in {time.perf_counter() - t0:.0f} s", flush=True)   # before any write
     with writes(out, "the table is printed above"):

@@ -217,6 +217,19 @@ class Platform:
             raise NpuMoeError(f"device role {role!r} is unknown; use one of {', '.join(ROLES)}")
         return self.npu if role == "npu" else self.cpu
 
+    @property
+    def label(self) -> str:
+        """The name result rows, summaries and figure titles show: the platform's name (a fitted YAML's own, e.g.
+        m2-max-fit) plus its overrides, e.g. "m2-max[npu_dispatch_s=0.0004]" (keys sorted, `; ` between them), so
+        that two platforms of one chip with different parameters are told apart by more than platform_hash. It
+        is itself a spec `resolve_platform` reads back for a bundled name. `name` stays the chip profile's name
+        (the rows' `platform_base`)."""
+        if not self.overrides:
+            return self.name
+        items = "; ".join(f"{k}={v!r}" if isinstance(v, float) else f"{k}={v}"
+                          for k, v in sorted(self.overrides.items()))
+        return f"{self.name}[{items}]"
+
     def provenance(self) -> dict:
         return {"platform_profile": self.name, "platform_hash": self.hash}
 

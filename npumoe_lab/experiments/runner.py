@@ -231,7 +231,7 @@ class _Run:
                     p.per_draw[r].append(ops_draw_metrics(ops, plat, len(s.input_ids), self.drawn))
                     if timeline and r == 0:
                         tl_frames.append(to_frame(res.events, res.ops).assign(
-                            variant=v.name, platform=plat.name, sample=i, model=self.name,
+                            variant=v.name, platform=plat.label, sample=i, model=self.name,
                             prompt_len=self.prompt_len, run_chunk=self.chunk))
                     if r == 0:
                         if prior:
@@ -258,7 +258,8 @@ class _Run:
             host = p.load.columns(ttfts) if plat.kind == "measured" else {}
             for r, reps_r in enumerate(p.per_rep):
                 m = pd.DataFrame(reps_r)
-                row = dict(model=self.name, workload=workload, variant=v.name, platform=plat.name,
+                row = dict(model=self.name, workload=workload, variant=v.name, platform=plat.label,
+                           platform_base=plat.name, platform_chip=plat.chip,
                            prompt_len=prompt_len, chunk=self.chunk, repeat=r, n_samples=len(self.samples),
                            score_name=self.workload.metric, score=accdf["score"].mean(),
                            ref_score=accdf["ref_score"].mean(),

@@ -32,6 +32,8 @@ class _Reduced:
         if len(c["dep"]) and c["dep"][0] == BRANCH:
             raise NpuMoeError("an op stream cannot start with a BRANCH op (it needs a CHAIN op to fork from)")
         priced = ("role", "flops", "bytes", "calls", "gemm_m", "gemm_n", "gemm_k")
+        # the graph-level structure also reads attention FLOPs, rows per GEMM and palettized weights (pricing.py)
+        priced += tuple(k for k in ("attn_flops", "rows", "lut_params") if k in c)
         if distinct:       # many draws: price each distinct op once (rows compared as raw bytes)
             key = np.stack([c[k] for k in priced], axis=1).astype(np.float64)
             raw = np.ascontiguousarray(key).view(np.dtype((np.void, key.itemsize * key.shape[1]))).reshape(-1)

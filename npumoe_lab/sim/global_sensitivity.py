@@ -151,10 +151,10 @@ def run_global(spec: str, geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6"
             y = np.log(ydf[c].to_numpy(float))
             si = morris_analyze.analyze(problem, X, y, num_levels=levels, print_to_console=False, seed=seed)
             for j, k in enumerate(names):
-                effects.append(dict(platform=spec, structure=struct, conclusion=c, factor=k, low=fs[j][1],
+                effects.append(dict(platform=base.label, structure=struct, conclusion=c, factor=k, low=fs[j][1],
                                     high=fs[j][2], range_from=fs[j][3], mu_star=float(si["mu_star"][j]),
                                     sigma=float(si["sigma"][j])))
-            probs.append(dict(platform=spec, structure=struct, over="ranges (Morris points)", conclusion=c,
+            probs.append(dict(platform=base.label, structure=struct, over="ranges (Morris points)", conclusion=c,
                               p_holds=float((ydf[c] > 1).mean()), n=len(ydf), ratio_median=float(ydf[c].median())))
     post = base.posterior or {}
     if post.get("draws"):
@@ -165,7 +165,7 @@ def run_global(spec: str, geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6"
               for i in pick]
         ydf = pd.DataFrame(ys)
         for c in ydf.columns:
-            probs.append(dict(platform=spec, structure="as fitted", over="posterior draws", conclusion=c,
+            probs.append(dict(platform=base.label, structure="as fitted", over="posterior draws", conclusion=c,
                               p_holds=float((ydf[c] > 1).mean()), n=len(ydf), ratio_median=float(ydf[c].median())))
     return pd.DataFrame(effects), pd.DataFrame(probs)
 

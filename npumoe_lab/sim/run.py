@@ -9,7 +9,10 @@ priced by `array_replay`; a test holds both equal): `engine="ops"` (and `--timel
 energies and cycles are modeled (the platform's cost model); drop and padding rates are the plans' capacities
 against the sampled per-chunk counts. `draws=N` adds the 90 % interval of ttft_s, energy_per_token_mj and cpu_cycles
 (`_lo` / `_hi`) over N parameter draws (`pricing.parameter_draws`: the platform's posterior, else a prior), the same
-stream priced once per draw set.
+stream priced once per draw set, on either NPU cost structure (per-op roofline, graph-level: pricing.py).
+Rows name the platform by its label (`Platform.label`: name plus overrides, e.g. "m2-max[npu_dispatch_s=0.0004]";
+a fitted YAML its own name) in `platform`, by its profile's name in `platform_base`, and by the measurement rows'
+chip in `platform_chip` (m2-max for both m2-max and m2-max-fit: grouping sourced and fitted by chip).
 """
 from __future__ import annotations
 
@@ -113,7 +116,8 @@ def _by_layout(variant, specs, profile, plats, knobs, memo=None) -> list:
 
 def _row(name, src, v, plat, plan, t, c, weights, summary, prov, knobs, footprint=None) -> dict:
     summary = {k: val for k, val in summary.items() if k != "host_wall_s"}    # nothing ran on this host
-    return dict(model=name, workload=src.label.split(":")[0], variant=v.name, platform=plat.name, prompt_len=t,
+    return dict(model=name, workload=src.label.split(":")[0], variant=v.name, platform=plat.label,
+                platform_base=plat.name, platform_chip=plat.chip, prompt_len=t,
                 chunk=c, repeat=0, n_samples=1, geometry=name, routing_source=src.label, routing_gini=src.gini(),
                 numerics_source="none", weights=weights, plan_hash=getattr(plan, "hash", None),
                 platform_kind=plat.kind, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **summary,
@@ -190,7 +194,7 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
         check_context(geo.context, c, f"--chunk {c} for geometry {name}")
         check_context(geo.context, t, f"--prompt-len {t} for geometry {name}")
     sources = {name: _routing_source(routing, tuple(geo.moe), seed) for name, _, geo in geos}   # all checked first
-    if not all(array_priced(p) for p in plats):      # a graph-level NPU: the per-op engine prices it, no interval
+    if not all(array_priced(p) for p in plats):      # a structure price_stream lacks: the per-op engine, no interval
         engine, draws = "ops", 0
     drawn = {id(p): parameter_draws(p, draws, seed) for p in plats} if draws else {}
     extra = lambda p: dict(interval_draws=draws, interval_source=draws_source(p)) if draws else {}   # noqa: E731

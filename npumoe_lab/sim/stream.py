@@ -323,11 +323,15 @@ def stream_from_ops(ops, n_tokens: int) -> OpStream | None:
         if dep != BRANCH:
             fork = i
         m, n, k = op.cost.gemm or (0, 0, 0)
-        rows.append((KIND[op.kind], _role(op.role), op.layer, op.chunk, op.cost.flops, op.cost.bytes, op.cost.calls,
-                     m, n, k, dep))
-    names = ("kind", "role", "layer", "chunk", "flops", "bytes", "calls", "gemm_m", "gemm_n", "gemm_k", "dep")
+        c = op.cost
+        rows.append((KIND[op.kind], _role(op.role), op.layer, op.chunk, c.flops, c.bytes, c.calls,
+                     m, n, k, dep, c.attn_flops, c.weight_bytes or 0.0, c.gemm_rows, c.lut_params))
+    # the last four: what the graph-level NPU structure reads besides the roofline's columns (pricing.graph)
+    names = ("kind", "role", "layer", "chunk", "flops", "bytes", "calls", "gemm_m", "gemm_n", "gemm_k", "dep",
+             "attn_flops", "weight_bytes", "rows", "lut_params")
     table = np.array(rows, dtype=np.float64).reshape(-1, len(names))
-    cols = {c: table[:, j].astype(np.float64 if c in _FLOAT else np.int64) for j, c in enumerate(names)}
+    cols = {c: table[:, j].astype(np.float64 if c in _FLOAT + ("lut_params",) else np.int64)
+            for j, c in enumerate(names)}
     return OpStream(cols, n_tokens=n_tokens)
 
 

@@ -131,7 +131,11 @@ def test_posterior_draws_are_resampled_from_the_platform_file():
     p = dataclasses.replace(plat, posterior=post)        # fit-device's format: {params, draws[, sigma_log]}
     d = parameter_draws(p, 200, seed=0)
     assert set(np.unique(d["npu_dispatch_s"])) == {1e-4, 3e-4}
-    assert (d["npu_sync_s"] == plat.npu.sync_s).all()           # not in the posterior: its point value
+    # not in the posterior: drawn from its prior (confidence L, sourced alternatives), or fixed on request
+    sync = plat.params["npu"]["sync_s"]
+    assert d["npu_sync_s"].std() > 0 and d["npu_sync_s"].min() >= min(sync["value"], *sync["alternatives"].values())
+    assert (parameter_draws(p, 50, seed=0, rest="fixed")["npu_sync_s"] == plat.npu.sync_s).all()
+    assert (d["npu_bandwidth_bytes_s"] == plat.npu.bandwidth_bytes_s).all()     # confidence H: its point value
     with pytest.raises(NpuMoeError, match="draws"):
         parameter_draws(plat, 0)
 

@@ -47,5 +47,6 @@ def test_run_global_covers_structures_and_gives_probabilities():
                                 posterior_draws=10)
     assert set(effects.structure) == set(STRUCTURES)
     assert set(probs.structure) == set(STRUCTURES) | {"as fitted"}
+    assert set(probs.platform) == set(effects.platform) == {"m2-max-fit"}      # the label, not the file path
     assert probs.p_holds.between(0, 1).all() and (probs[probs.over == "posterior draws"].n == 10).all()
     assert (effects.mu_star >= 0).all() and effects.factor.nunique() == len(factors(get_platform(FIT)))
