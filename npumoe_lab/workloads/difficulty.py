@@ -4,7 +4,8 @@ Chosen so the dropless reference scores inside ~0.4-0.9 (issue 28): a saturated 
 one at chance cannot show anything. Prompt length 512 keeps the full curve (4 tasks x 12 plans x 300 samples)
 within the bench's 30 minutes on 2 cores; the difficulty comes from distractors, passage length and top-k instead.
 Reference scores are MEASURED on this repo's host (see README "Accuracy that can tell variants apart"); they
-belong to the bundled model and these settings only. Other models: calibrate with `difficulty_scan`.
+belong to the bundled model and these settings only. Other models: check or re-choose a setting with
+`studies.accuracy_curve.reference_scan` (`bench/accuracy_curve.py --reference-only`).
 """
 from __future__ import annotations
 
