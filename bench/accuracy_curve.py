@@ -3,7 +3,10 @@
 
 Work splits over `--workers` processes (default 2, one torch thread each: one per core; the tiny model's ops are
 too small for 2 threads to pay), tasks dealt round-robin. The reference forward of each sample is computed once
-and reused by every plan (studies/accuracy_scoring.py). `--partial K`: only K samples per task, and the full
+and reused by every plan (studies/accuracy_scoring.py), and kept on disk (studies/accuracy_cache.py): a re-run
+reads it (the printout says how many references came from the cache; `--no-ref-cache` recomputes them).
+`--reference-only`: only the reference scores of the tasks' settings at n (the 0.4-0.9 check; it fills the same
+cache). `--partial K`: only K samples per task, and the full
 n = 300 time is ESTIMATED from it (the per-sample part scaled by n / K, the fixed part - model load and
 calibration - added once); the printout says which numbers are measured and which estimated. On a shared host the
 wall time depends on the other processes: the load average and this run's process CPU time are printed with it.
@@ -199,7 +202,8 @@ def main(argv=None) -> int:
     elif not args.reference_only:
         print(f"target 30 min: {'met' if r['wall_s'] <= TARGET_S else 'NOT met'} (measured)")
     if args.out:
-        print(f"wrote {args.out}/curve.csv, samples.csv, ACCURACY.md, accuracy_curve.png/.pdf")
+        print(f"wrote {args.out}/" + ("reference-scan.csv" if args.reference_only
+                                      else "curve.csv, samples.csv, ACCURACY.md, accuracy_curve.png/.pdf"))
     return 0
 
 

@@ -146,7 +146,7 @@ def accuracy_curve(model="tiny", workloads=DEFAULT_TASKS, prompt_len=None, diffi
     tasks = curve_samples(tok, m, workloads, prompt_len, difficulty, n, seed)
     v = get_variant(variant)
     profile = calibration_profile(m, tok, calib_workload, chunk, calib_tokens, seed)
-    plans = {(r, p): variant_plan(profile, variant, m, platform=plat.name, percentile=p, saliency=r)
+    plans = {(r, p): variant_plan(profile, variant, m, platform=plat, percentile=p, saliency=r)
              for r in saliency for p in percentiles}
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     config = PrefillConfig(plat, chunk, attention=v.attention, pad_token_id=pad_id)
