@@ -146,7 +146,7 @@ def run(args) -> dict:
     samples = pd.concat([g[1] for g in got], ignore_index=True)
     rows = order_rows(rows, tasks, kwargs["saliency"])
     report = dict(n=n, tasks=len(tasks), plans=len(kwargs["percentiles"]) * len(kwargs["saliency"]),
-                  workers=len(procs), wall_s=wall, worker_wall_s=[g[2] for g in got], cpu_s=sum(g[3] for g in got),
+                  workers=len(groups), wall_s=wall, worker_wall_s=[g[2] for g in got], cpu_s=sum(g[3] for g in got),
                   load_before=load0, load_after=os.getloadavg()[0],
                   fixed_s=(t_first or time.perf_counter()) - t0,   # start, imports, model load, calibration
                   ref_cached=int(rows.groupby("workload").ref_cached.first().sum()))
@@ -154,17 +154,32 @@ def run(args) -> dict:
         # the per-sample part (from the first finished sample on) scales with n; the fixed part does not
         report["estimated_full_s"] = report["fixed_s"] + (wall - report["fixed_s"]) * args.n / n
     if args.out:
-        from npumoe_lab.studies.accuracy_verdict import accuracy_markdown
-        from npumoe_lab.viz.accuracy_curve import save_accuracy_curve
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        for name, df in (("curve.csv", rows), ("samples.csv", samples)):
-            with atomic_open(out / name, "w") as fh:
-                df.to_csv(fh, index=False)
-        with atomic_open(out / "ACCURACY.md", "w") as fh:
-            fh.write(accuracy_markdown(rows, samples, wall))
-        save_accuracy_curve(rows, out)
+        write_outputs(Path(args.out), rows, samples, wall)
     return report
+
+
+def write_outputs(out: Path, rows: pd.DataFrame, samples: pd.DataFrame, wall_s: float | None) -> None:
+    """curve.csv, samples.csv, ACCURACY.md and the figure of a finished curve."""
+    from npumoe_lab.studies.accuracy_verdict import accuracy_markdown
+    from npumoe_lab.viz.accuracy_curve import save_accuracy_curve
+    out.mkdir(parents=True, exist_ok=True)
+    for name, df in (("curve.csv", rows), ("samples.csv", samples)):
+        with atomic_open(out / name, "w") as fh:
+            df.to_csv(fh, index=False)
+    with atomic_open(out / "ACCURACY.md", "w") as fh:
+        fh.write(accuracy_markdown(rows, samples, wall_s))
+    save_accuracy_curve(rows, out)
+
+
+def assemble_parts(args) -> None:
+    """The outputs of a run that stopped after its workers finished (or was killed: its finished tasks), from the
+    per-task files the workers wrote to --out/parts; `--wall-s`: the run's measured wall time, for ACCURACY.md."""
+    parts = Path(args.out) / "parts"
+    rows = pd.concat([pd.read_csv(f) for f in sorted(parts.glob("curve-*.csv"))], ignore_index=True)
+    samples = pd.concat([pd.read_csv(f) for f in sorted(parts.glob("samples-*.csv"))], ignore_index=True)
+    tasks = [t for t in args.workload.split(",") if t in set(rows.workload)]
+    write_outputs(Path(args.out), order_rows(rows, tasks, args.saliency.split(",")), samples, args.wall_s)
+    print(f"assembled {len(rows)} rows of {', '.join(tasks)} from {parts}")
 
 
 def main(argv=None) -> int:
@@ -184,7 +199,13 @@ def main(argv=None) -> int:
     p.add_argument("--no-ref-cache", action="store_true",
                    help="recompute the reference forwards (default: read / fill the on-disk cache)")
     p.add_argument("--out", default="results/accuracy-curve")
+    p.add_argument("--assemble-parts", action="store_true",
+                   help="only write the outputs from --out/parts (a run stopped after its workers finished)")
+    p.add_argument("--wall-s", type=float, default=None, help="with --assemble-parts: the run's measured wall time")
     args = p.parse_args(argv)
+    if args.assemble_parts:
+        assemble_parts(args)
+        return 0
     r = run(args)
     cpu = __import__("npumoe_lab.core.cpu_features", fromlist=["cpu_model"]).cpu_model()
     print(f"CPU: {cpu}; {r['workers']} worker processes x 1 thread; load average {r['load_before']:.1f} before, "
