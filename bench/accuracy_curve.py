@@ -126,7 +126,7 @@ def run(args) -> dict:
     from npumoe_lab.utils import progress
     if not args.reference_only:
         model, tok = load_model(args.model)      # calibrate once here; the workers load the cached profile
-        calibration_profile(model, tok, "mixed", 256, 8192, args.seed)
+        calibration_profile(model, tok, "mixed", 256, args.calib_tokens, args.seed)
         del model
     tasks = [t for t in args.workload.split(",") if t]
     n = args.partial or args.n
@@ -135,7 +135,7 @@ def run(args) -> dict:
         return _reference_only(args, tasks, kwargs, progress)
     kwargs = dict(model=args.model, percentiles=[float(p) for p in args.percentiles.split(",")],
                   saliency=args.saliency.split(","), n=n, platform=args.platform, seed=args.seed,
-                  draws=args.draws, ref_cache=not args.no_ref_cache)
+                  draws=args.draws, ref_cache=not args.no_ref_cache, calib_tokens=args.calib_tokens)
     groups = [tasks[i::args.workers] for i in range(min(args.workers, len(tasks)))]
     total = len(tasks) * n * (1 + len(kwargs["percentiles"]) * len(kwargs["saliency"]))
     load0, t0 = os.getloadavg()[0], time.perf_counter()
@@ -193,6 +193,7 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--platform", default="m2-max")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--calib-tokens", type=int, default=8192, help="calibration tokens of the plans (default 8192)")
     p.add_argument("--draws", type=int, default=200, help="parameter draws of the modeled TTFT's 90 %% interval")
     p.add_argument("--reference-only", action="store_true",
                    help="only the reference scores of the tasks' settings at n (the informative-range check)")
