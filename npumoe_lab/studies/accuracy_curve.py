@@ -5,8 +5,11 @@ every tier percentile from one calibration profile; each plan prefills the same 
 the dropless reference on those samples (reference computed once per sample: accuracy_scoring.py). A row per
 (task, saliency, percentile) gives the accuracy change with exact bounds and McNemar p (stats.paired_exact), the
 prompt-NLL change, top-1 agreement, the MEASURED drop rate of that plan on these samples (dropped / routed
-assignments over all prefills), and the TTFT of the very same plan, MODELED on the platform. `random` saliency at
-the same percentile (same capacities) is the control for what saliency-aware pruning buys.
+assignments over all prefills), and the TTFT of the very same plan, MODELED on the platform, with its 90 % interval
+the way `run` gives one (each prefill's op stream priced under the platform's parameter draws, sim/pricing.py; a row
+without one says why in `interval_note`). `random` saliency at the same percentile (same capacities) is the control
+for what saliency-aware pruning buys. Reference records are kept on disk (accuracy_cache.py): a second curve over the
+same samples skips the reference; `reference_scan` computes them alone (the informative-range check).
 
 Variant: `npumoe-tg` by default (every group resident on the NPU, so the static path really prunes; under the full
 `npumoe` cost residency the tiny model's small groups all run dropless on the CPU of m2-max, drop rate 0).
