@@ -3,7 +3,10 @@
 
 Work splits over `--workers` processes (default 2, one torch thread each: one per core; the tiny model's ops are
 too small for 2 threads to pay), tasks dealt round-robin. The reference forward of each sample is computed once
-and reused by every plan (studies/accuracy_scoring.py). `--partial K`: only K samples per task, and the full
+and reused by every plan (studies/accuracy_scoring.py), and kept on disk (studies/accuracy_cache.py): a re-run
+reads it (the printout says how many references came from the cache; `--no-ref-cache` recomputes them).
+`--reference-only`: only the reference scores of the tasks' settings at n (the 0.4-0.9 check; it fills the same
+cache). `--partial K`: only K samples per task, and the full
 n = 300 time is ESTIMATED from it (the per-sample part scaled by n / K, the fixed part - model load and
 calibration - added once); the printout says which numbers are measured and which estimated. On a shared host the
 wall time depends on the other processes: the load average and this run's process CPU time are printed with it.
@@ -44,7 +47,14 @@ def _worker(tasks, kwargs, q, results, parts):
 
     import torch
     torch.set_num_threads(1)
-    from npumoe_lab.studies.accuracy_curve import accuracy_curve
+    from npumoe_lab.studies.accuracy_curve import accuracy_curve, reference_scan
+
+    if kwargs.pop("reference_only", False):
+        t0 = time.perf_counter()
+        rows = reference_scan(workloads=tasks, bar=_QueueBar(q), **kwargs)
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        results.put((rows, pd.DataFrame(), time.perf_counter() - t0, ru.ru_utime + ru.ru_stime))
+        return
 
     def keep(rows, samples):      # each finished task on disk at once: a run stopped early keeps them
         if parts is not None:
@@ -58,34 +68,14 @@ def _worker(tasks, kwargs, q, results, parts):
     results.put((rows, samples, time.perf_counter() - t0, ru.ru_utime + ru.ru_stime))
 
 
-def order_rows(rows: pd.DataFrame, tasks, rules) -> pd.DataFrame:
-    """The workers' rows in the order asked: task, then saliency rule, then percentile."""
-    key = {"workload": {t: i for i, t in enumerate(tasks)}, "saliency": {r: i for i, r in enumerate(rules)}}
-    return rows.sort_values(["workload", "saliency", "percentile"],
-                            key=lambda c: c.map(key[c.name]) if c.name in key else c).reset_index(drop=True)
-
-
-def run(args) -> dict:
-    from npumoe_lab.execution.calibrate import calibration_profile
-    from npumoe_lab.models import load_model
-    from npumoe_lab.utils import progress
-    model, tok = load_model(args.model)      # calibrate once here; the workers load the cached profile
-    calibration_profile(model, tok, "mixed", 256, 8192, args.seed)
-    del model
-    tasks = [t for t in args.workload.split(",") if t]
-    n = args.partial or args.n
-    kwargs = dict(model=args.model, percentiles=[float(p) for p in args.percentiles.split(",")],
-                  saliency=args.saliency.split(","), n=n, platform=args.platform, seed=args.seed)
-    groups = [tasks[i::args.workers] for i in range(min(args.workers, len(tasks)))]
+def _run_workers(groups, kwargs, parts, total, desc, progress):
+    """One spawned process per task group, their progress on one bar; (their results, time of the first step)."""
     ctx = mp.get_context("spawn")
     q, results = ctx.Queue(), ctx.Queue()
-    total = len(tasks) * n * (1 + len(kwargs["percentiles"]) * len(kwargs["saliency"]))
-    load0, t0 = os.getloadavg()[0], time.perf_counter()
-    parts = Path(args.out) / "parts" if args.out else None
-    procs = [ctx.Process(target=_worker, args=(g, kwargs, q, results, parts)) for g in groups]
+    procs = [ctx.Process(target=_worker, args=(g, dict(kwargs), q, results, parts)) for g in groups]
     for p in procs:
         p.start()
-    bar, done, got, t_first = progress(total=total, desc=f"accuracy curve n={n}"), 0, [], None
+    bar, done, got, t_first = progress(total=total, desc=desc), 0, [], None
     while len(got) < len(procs):
         while not q.empty():
             k = q.get()
@@ -101,29 +91,95 @@ def run(args) -> dict:
         p.join()
     bar.update(total - done)
     bar.close()
+    return got, t_first
+
+
+def _reference_only(args, tasks, kwargs, progress) -> dict:
+    """The reference scan alone (studies.accuracy_curve.reference_scan): the chosen settings' reference scores at
+    n, into the same cache the curve reads; reference-scan.csv in --out."""
+    groups = [tasks[i::args.workers] for i in range(min(args.workers, len(tasks)))]
+    load0, t0 = os.getloadavg()[0], time.perf_counter()
+    got, _ = _run_workers(groups, kwargs, None, len(tasks) * kwargs["n"], f"reference scan n={kwargs['n']}",
+                          progress)
+    rows = pd.concat([g[0] for g in got], ignore_index=True)
+    rows = rows.set_index("workload").loc[tasks].reset_index()
+    if args.out:
+        with atomic_open(Path(args.out) / "reference-scan.csv", "w") as fh:
+            rows.to_csv(fh, index=False)
+    print(rows[["workload", "difficulty", "n", "ref_score", "ref_score_lo", "ref_score_hi", "in_range",
+                "ref_cached", "seconds"]].to_string(index=False))
+    return dict(n=kwargs["n"], tasks=len(tasks), plans=0, workers=len(groups), wall_s=time.perf_counter() - t0,
+                worker_wall_s=[g[2] for g in got], cpu_s=sum(g[3] for g in got), load_before=load0,
+                load_after=os.getloadavg()[0], fixed_s=0.0)
+
+
+def order_rows(rows: pd.DataFrame, tasks, rules) -> pd.DataFrame:
+    """The workers' rows in the order asked: task, then saliency rule, then percentile."""
+    key = {"workload": {t: i for i, t in enumerate(tasks)}, "saliency": {r: i for i, r in enumerate(rules)}}
+    return rows.sort_values(["workload", "saliency", "percentile"],
+                            key=lambda c: c.map(key[c.name]) if c.name in key else c).reset_index(drop=True)
+
+
+def run(args) -> dict:
+    from npumoe_lab.execution.calibrate import calibration_profile
+    from npumoe_lab.models import load_model
+    from npumoe_lab.utils import progress
+    if not args.reference_only:
+        model, tok = load_model(args.model)      # calibrate once here; the workers load the cached profile
+        calibration_profile(model, tok, "mixed", 256, args.calib_tokens, args.seed)
+        del model
+    tasks = [t for t in args.workload.split(",") if t]
+    n = args.partial or args.n
+    if args.reference_only:
+        kwargs = dict(model=args.model, n=n, seed=args.seed, ref_cache=not args.no_ref_cache, reference_only=True)
+        return _reference_only(args, tasks, kwargs, progress)
+    kwargs = dict(model=args.model, percentiles=[float(p) for p in args.percentiles.split(",")],
+                  saliency=args.saliency.split(","), n=n, platform=args.platform, seed=args.seed,
+                  draws=args.draws, ref_cache=not args.no_ref_cache, calib_tokens=args.calib_tokens)
+    groups = [tasks[i::args.workers] for i in range(min(args.workers, len(tasks)))]
+    total = len(tasks) * n * (1 + len(kwargs["percentiles"]) * len(kwargs["saliency"]))
+    load0, t0 = os.getloadavg()[0], time.perf_counter()
+    parts = Path(args.out) / "parts" if args.out else None
+    got, t_first = _run_workers(groups, kwargs, parts, total, f"accuracy curve n={n}", progress)
     wall = time.perf_counter() - t0
     rows = pd.concat([g[0] for g in got], ignore_index=True)
     samples = pd.concat([g[1] for g in got], ignore_index=True)
     rows = order_rows(rows, tasks, kwargs["saliency"])
     report = dict(n=n, tasks=len(tasks), plans=len(kwargs["percentiles"]) * len(kwargs["saliency"]),
-                  workers=len(procs), wall_s=wall, worker_wall_s=[g[2] for g in got], cpu_s=sum(g[3] for g in got),
+                  workers=len(groups), wall_s=wall, worker_wall_s=[g[2] for g in got], cpu_s=sum(g[3] for g in got),
                   load_before=load0, load_after=os.getloadavg()[0],
-                  fixed_s=(t_first or time.perf_counter()) - t0)   # start, imports, model load, calibration
+                  fixed_s=(t_first or time.perf_counter()) - t0,   # start, imports, model load, calibration
+                  ref_cached=int(rows.groupby("workload").ref_cached.first().sum()))
     if args.partial:
         # the per-sample part (from the first finished sample on) scales with n; the fixed part does not
         report["estimated_full_s"] = report["fixed_s"] + (wall - report["fixed_s"]) * args.n / n
     if args.out:
-        from npumoe_lab.studies.accuracy_verdict import accuracy_markdown
-        from npumoe_lab.viz.accuracy_curve import save_accuracy_curve
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        for name, df in (("curve.csv", rows), ("samples.csv", samples)):
-            with atomic_open(out / name, "w") as fh:
-                df.to_csv(fh, index=False)
-        with atomic_open(out / "ACCURACY.md", "w") as fh:
-            fh.write(accuracy_markdown(rows, samples, wall))
-        save_accuracy_curve(rows, out)
+        write_outputs(Path(args.out), rows, samples, wall)
     return report
+
+
+def write_outputs(out: Path, rows: pd.DataFrame, samples: pd.DataFrame, wall_s: float | None) -> None:
+    """curve.csv, samples.csv, ACCURACY.md and the figure of a finished curve."""
+    from npumoe_lab.studies.accuracy_verdict import accuracy_markdown
+    from npumoe_lab.viz.accuracy_curve import save_accuracy_curve
+    out.mkdir(parents=True, exist_ok=True)
+    for name, df in (("curve.csv", rows), ("samples.csv", samples)):
+        with atomic_open(out / name, "w") as fh:
+            df.to_csv(fh, index=False)
+    with atomic_open(out / "ACCURACY.md", "w") as fh:
+        fh.write(accuracy_markdown(rows, samples, wall_s))
+    save_accuracy_curve(rows, out)
+
+
+def assemble_parts(args) -> None:
+    """The outputs of a run that stopped after its workers finished (or was killed: its finished tasks), from the
+    per-task files the workers wrote to --out/parts; `--wall-s`: the run's measured wall time, for ACCURACY.md."""
+    parts = Path(args.out) / "parts"
+    rows = pd.concat([pd.read_csv(f) for f in sorted(parts.glob("curve-*.csv"))], ignore_index=True)
+    samples = pd.concat([pd.read_csv(f) for f in sorted(parts.glob("samples-*.csv"))], ignore_index=True)
+    tasks = [t for t in args.workload.split(",") if t in set(rows.workload)]
+    write_outputs(Path(args.out), order_rows(rows, tasks, args.saliency.split(",")), samples, args.wall_s)
+    print(f"assembled {len(rows)} rows of {', '.join(tasks)} from {parts}")
 
 
 def main(argv=None) -> int:
@@ -137,23 +193,39 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--platform", default="m2-max")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--calib-tokens", type=int, default=8192, help="calibration tokens of the plans (default 8192)")
+    p.add_argument("--draws", type=int, default=200, help="parameter draws of the modeled TTFT's 90 %% interval")
+    p.add_argument("--reference-only", action="store_true",
+                   help="only the reference scores of the tasks' settings at n (the informative-range check)")
+    p.add_argument("--no-ref-cache", action="store_true",
+                   help="recompute the reference forwards (default: read / fill the on-disk cache)")
     p.add_argument("--out", default="results/accuracy-curve")
+    p.add_argument("--assemble-parts", action="store_true",
+                   help="only write the outputs from --out/parts (a run stopped after its workers finished)")
+    p.add_argument("--wall-s", type=float, default=None, help="with --assemble-parts: the run's measured wall time")
     args = p.parse_args(argv)
+    if args.assemble_parts:
+        assemble_parts(args)
+        return 0
     r = run(args)
     cpu = __import__("npumoe_lab.core.cpu_features", fromlist=["cpu_model"]).cpu_model()
     print(f"CPU: {cpu}; {r['workers']} worker processes x 1 thread; load average {r['load_before']:.1f} before, "
           f"{r['load_after']:.1f} after (a shared host: other processes' load slows this run)")
     print(f"{r['tasks']} tasks x {r['plans']} plans x n = {r['n']}: wall {r['wall_s'] / 60:.1f} min (measured), "
           f"process CPU {r['cpu_s'] / 60:.1f} min (measured, all workers)")
+    if "ref_cached" in r:
+        print(f"reference records: {r['ref_cached']} of {r['tasks'] * r['n']} read from the on-disk cache (the rest "
+              "computed in this run)")
     if "estimated_full_s" in r:
         est = r["estimated_full_s"]
         print(f"n = {args.n} ESTIMATED from this partial run: {est / 60:.1f} min wall = fixed part "
               f"{r['fixed_s']:.0f} s + per-sample part x {args.n}/{r['n']} "
               f"({'within' if est <= TARGET_S else 'OVER'} the 30 min target at this run's host load)")
-    else:
+    elif not args.reference_only:
         print(f"target 30 min: {'met' if r['wall_s'] <= TARGET_S else 'NOT met'} (measured)")
     if args.out:
-        print(f"wrote {args.out}/curve.csv, samples.csv, ACCURACY.md, accuracy_curve.png/.pdf")
+        print(f"wrote {args.out}/" + ("reference-scan.csv" if args.reference_only
+                                      else "curve.csv, samples.csv, ACCURACY.md, accuracy_curve.png/.pdf"))
     return 0
 
 

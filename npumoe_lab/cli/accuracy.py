@@ -51,7 +51,7 @@ def _accuracy(args) -> int:
                         percentiles=_floats(args.percentiles, "--percentiles"), saliency=saliency, n=args.n,
                         platform=args.platform, chunk=args.chunk, variant=args.variant, seed=args.seed,
                         calib_workload=args.calib_workload, calib_tokens=args.calib_tokens,
-                        threads=args.threads)
+                        draws=args.draws, ref_cache=not args.no_ref_cache, threads=args.threads)
     print("\n".join(verdict_lines(verdict(rows, samples), rows)))
     if args.out:
         print(f"wrote {args.out}/curve.csv, samples.csv, ACCURACY.md, accuracy_curve.png/.pdf")
@@ -81,5 +81,11 @@ def register_cli(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the samples and the random saliency (default 0)")
     p.add_argument("--calib-workload", default="mixed", help="calibration text (default mixed)")
     p.add_argument("--calib-tokens", type=int, default=8192, help="calibration tokens (default 8192)")
+    p.add_argument("--draws", type=int, default=200,
+                   help="parameter draws for the modeled TTFT's 90%% interval (ttft_s_lo/_hi; the platform's "
+                        "posterior, else a prior from its sourced alternatives; 0: none)")
+    p.add_argument("--no-ref-cache", action="store_true",
+                   help="recompute every reference forward instead of reading the on-disk cache "
+                        "(cache_dir()/accuracy-refs, keyed by weights, dtype, task, difficulty, seed, chunk)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.set_defaults(func=_accuracy)

@@ -128,13 +128,27 @@ def _pass_rule(n: int) -> str:
             f"pts (n >= {math.ceil(math.log(0.05) / math.log(1 - LOSS_TARGET))} needed)")
 
 
+def _interval_text(rows: pd.DataFrame) -> str:
+    """How the TTFT interval was made, or why a row has none (its `interval_note`)."""
+    if "interval_source" not in rows.columns:
+        return "no interval"
+    with_ = rows[rows.interval_source != "none"]
+    if with_.empty:
+        return f"no interval: {rows.interval_note.iloc[0]}"
+    text = (f"[90 %] = 5th-95th percentile of the samples' mean TTFT over {int(with_.interval_draws.iloc[0])} "
+            f"parameter draws of the platform's {with_.interval_source.iloc[0]} (sim/pricing.parameter_draws)")
+    if len(with_) < len(rows):
+        text += f"; {len(rows) - len(with_)} rows without one: {rows[rows.interval_source == 'none'].interval_note.iloc[0]}"
+    return text
+
+
 def accuracy_markdown(rows: pd.DataFrame, samples: pd.DataFrame, elapsed_s: float | None = None) -> str:
     r0 = rows.iloc[0]
     vs = verdict(rows, samples)
     lines = [f"# Accuracy vs drop rate: {r0.model} ({r0.variant} plans), TTFT modeled on {r0.platform}", "",
              f"Accuracy, NLL and top-1 agreement are MEASURED (real numerics on {r0.cpu}); drop rates are MEASURED on "
              f"these samples (dropped / routed assignments); TTFT is MODELED on {r0.platform} for the very same plans "
-             f"(mean over the samples; `ttft_s_lo/hi`: no interval yet). n = {int(r0.n_samples)} samples per task, "
+             f"(mean over the samples; {_interval_text(rows)}). n = {int(r0.n_samples)} samples per task, "
              f"chunk {int(r0.chunk)}, seed {int(r0.seed)}."
              + (f" Wall time {elapsed_s / 60:.1f} min (measured, shared host)." if elapsed_s else ""), "",
              "## Verdict", "",
@@ -145,16 +159,19 @@ def accuracy_markdown(rows: pd.DataFrame, samples: pd.DataFrame, elapsed_s: floa
              "accuracy change [exact 95 % bounds], prompt-NLL change, top-1 agreement.",
              "", *verdict_lines(vs, rows), "", "## Rows", ""]
     cols = ["saliency", "percentile", "drop_rate", "accuracy_delta", "accuracy_exact_low", "accuracy_exact_high",
-            "accuracy_lost", "accuracy_gained", "mcnemar_p", "loss_ub95", "nll_delta", "top1_agree", "ttft_s"]
+            "accuracy_lost", "accuracy_gained", "mcnemar_p", "loss_ub95", "nll_delta", "top1_agree", "ttft_s",
+            "ttft_s_lo", "ttft_s_hi"]
     for wl, g in rows.groupby("workload", sort=False):
         lines += [f"### {wl} ({g.difficulty.iloc[0]}; reference {g.ref_score.iloc[0]:.3f})", "",
                   "| saliency | pct | drop (meas.) | Δacc pts [exact 95 %] | lost/gained | McNemar p | loss UB95 | "
-                  "ΔNLL | top-1 | TTFT ms (modeled) |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "ΔNLL | top-1 | TTFT ms (modeled) [90 %] |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in g[cols].itertuples():
             lines.append(f"| {r.saliency} | {r.percentile:g} | {100 * r.drop_rate:.2f} % | {100 * r.accuracy_delta:+.1f} "
                          f"[{100 * r.accuracy_exact_low:+.1f}, {100 * r.accuracy_exact_high:+.1f}] | "
                          f"{int(r.accuracy_lost)}/{int(r.accuracy_gained)} | {r.mcnemar_p:.3g} | "
-                         f"{100 * r.loss_ub95:.2f} | {r.nll_delta:+.4f} | {r.top1_agree:.3f} | {1e3 * r.ttft_s:.3f} |")
+                         f"{100 * r.loss_ub95:.2f} | {r.nll_delta:+.4f} | {r.top1_agree:.3f} | {1e3 * r.ttft_s:.3f}"
+                         + ("" if math.isnan(r.ttft_s_lo) else f" [{1e3 * r.ttft_s_lo:.3f}, {1e3 * r.ttft_s_hi:.3f}]")
+                         + " |")
         lines.append("")
     return "\n".join(lines) + "\n"
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from matplotlib.lines import Line2D
 
 from npumoe_lab.viz import plot_helpers as pk
 
@@ -26,7 +28,12 @@ def plot_accuracy_curve(rows: pd.DataFrame, loss_target: float = 0.011):
             s = g[g.saliency == rule].sort_values("drop_rate")
             x, c = 100 * s.drop_rate.to_numpy(), RULE_COLORS.get(rule, "k")
             top.fill_between(x, 100 * s.accuracy_exact_low, 100 * s.accuracy_exact_high, color=c, alpha=0.18, lw=0)
-            top.plot(x, 100 * s.accuracy_delta, marker="o", ms=3, color=c, lw=1.2, label=rule)
+            top.plot(x, 100 * s.accuracy_delta, color=c, lw=1.2, label=rule)
+            # the verdict at a glance: a filled marker = loss bounded < the target at 95 % (one-sided exact),
+            # hollow = not bounded there
+            ok = s.loss_under_target.to_numpy(dtype=bool) if "loss_under_target" in s else np.zeros(len(s), bool)
+            top.plot(x[ok], 100 * s.accuracy_delta.to_numpy()[ok], "o", ms=4, color=c, ls="none")
+            top.plot(x[~ok], 100 * s.accuracy_delta.to_numpy()[~ok], "o", ms=4, mfc="white", mec=c, mew=1.0, ls="none")
             bottom.fill_between(x, s.nll_delta_ci_low, s.nll_delta_ci_high, color=c, alpha=0.18, lw=0)
             bottom.plot(x, s.nll_delta, marker="o", ms=3, color=c, lw=1.2, label=rule)
         for ax in (top, bottom):      # the paper's 10-22 % dropped tokens
@@ -44,6 +51,9 @@ def plot_accuracy_curve(rows: pd.DataFrame, loss_target: float = 0.011):
             top.set_ylabel("accuracy change (pts)\n(exact 95 % bounds)")
             bottom.set_ylabel("prompt NLL change\n(bootstrap 95 % CI)")
     handles, labels = axes[0][0].get_legend_handles_labels()
+    handles += [Line2D([], [], marker="o", ms=4, color="0.3", ls="none"),
+                Line2D([], [], marker="o", ms=4, mfc="white", mec="0.3", ls="none")]
+    labels += [f"loss < {100 * loss_target:.1f} pts (95 %, one-sided exact)", "not bounded there"]
     fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), frameon=False)
     fig.suptitle("\n".join(textwrap.wrap(f"{r0.model}: accuracy vs drop rate of {r0.variant} plans (percentiles "
                  f"{', '.join(f'{p:g}' for p in sorted(rows.percentile.unique()))}), n = {int(r0.n_samples)} "

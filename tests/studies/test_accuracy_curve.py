@@ -126,7 +126,8 @@ def test_small_curve_drop_rates_are_the_plans_measured_drops(tiny):
                                    saliency=("weight_x_norm", "random"), n=2, calib_tokens=2048,
                                    difficulty={"ruler-multikey": {"n_needles": 8}})
     assert len(rows) == 8 and len(samples) == 8 * 2
-    assert set(rows.timing_source) == {"modeled"} and rows.ttft_s.gt(0).all() and rows.ttft_s_lo.isna().all()
+    assert set(rows.timing_source) == {"modeled"} and rows.ttft_s.gt(0).all()
+    assert (rows.ttft_s_lo < rows.ttft_s).all() and (rows.ttft_s < rows.ttft_s_hi).all()   # test_accuracy_cache
     from npumoe_lab.execution.calibrate import calibration_profile
     profile = calibration_profile(model, tok, "mixed", 256, 2048)
     for r in rows.itertuples():

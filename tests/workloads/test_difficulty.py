@@ -91,3 +91,17 @@ def test_calibrated_defaults_and_overrides():
         assert difficulty_for(name) == d
     moved = difficulty_for("ruler-multikey", 1024)
     assert moved.prompt_len == 1024 and moved.ref_score is None     # not calibrated there: no score claimed
+
+
+def test_recorded_reference_scores_are_the_n300_scan():
+    """TINY_DIFFICULTY's ref_score / ref_n are the rows of the recorded reference scan (bench/accuracy_curve.py
+    --reference-only, docs/figures/accuracy-reference-scan-tiny-n300.csv), rounded to 3 decimals, same settings."""
+    from pathlib import Path
+
+    import pandas as pd
+    scan = pd.read_csv(Path(__file__).resolve().parents[2] / "docs/figures/accuracy-reference-scan-tiny-n300.csv")
+    assert set(scan.workload) == set(TINY_DIFFICULTY)
+    for r in scan.itertuples():
+        d = TINY_DIFFICULTY[r.workload]
+        assert (d.ref_n, d.label()) == (r.n, r.difficulty)
+        assert d.ref_score == pytest.approx(round(r.ref_score, 3), abs=1e-12) and r.in_range
