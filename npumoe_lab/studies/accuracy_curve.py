@@ -231,8 +231,8 @@ def _no_interval_reason(plat, draws) -> str | None:
     if not draws:
         return "draws = 0 asked: no parameter draws, no interval"
     if not array_priced(plat):
-        return (f"platform {plat.name} prices its NPU with the graph-level cost structure, which the array "
-                "pricing of parameter draws does not cover yet (sim/pricing.array_priced)")
+        return (f"platform {plat.name}'s cost structure is not priced on arrays over parameter draws "
+                "(sim/pricing.array_priced)")
     return None
 
 
