@@ -33,7 +33,7 @@ def host_op(row) -> dict:
         raise NpuMoeError(f"row {row['id']!r} has no work.op / work.cost: the host model prices op-level rows of "
                           "`npumoe-lab measure --device cpu`")
     return cpu_model.op_record(work["op"], cost["flops"], cost["bytes"], cost["calls"], cost.get("gemm"),
-                               cost.get("shape") or ())
+                               cost.get("shape") or (), context=cost.get("context"))
 
 
 def host_rows(df, source: str = ""):

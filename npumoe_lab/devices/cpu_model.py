@@ -6,16 +6,37 @@ rates. To check that a device model can predict a whole prefill from micro-bench
 the engine records (ops.Op: kind, FLOPs, bytes, calls, GEMM shape, shape) with free parameters fitted on the
 `measure --device cpu` grid:
 
-    t(op)   = calls * call_s[kind] + max(t_gemm, t_memory) + t_scores
-    t_gemm  = gemm_flops / (peak_flops * u),   u = w / (w + work_half_flops) * rows / (rows + rows_half)
+    t(op)    = calls * call_s[kind] + max(t_gemm, t_memory) + t_scores
+    t_gemm   = gemm_flops / (rate * u),   u = w / (w + work_half_flops) * rows / (rows + rows_half)
     t_memory = bytes / bandwidth_bytes_s
     t_scores = 4 * t * keys * q_dim / attention_flops            (attention only: the [t, keys] score blocks)
 
-w = GEMM FLOPs per call, rows = rows per GEMM (tokens per expert for the expert ops). `other` (the chunk's rest: the
-embedding, norms, residual adds and LM head no other op covers) is priced from its shape (T, layers, H, V): a
-floor per chunk plus one per layer, the LM head [T, H] x [H, V] and the norms' traffic. Same form as the NPU's
-graph-level model (graph_cost.py): per-call cost + work at a utilisation that rises with the work per call.
-All parameters are positive; the fit is least squares on log time over log parameters (scipy).
+w = GEMM FLOPs per chain, rows = rows per GEMM (tokens per expert for the expert ops). `rate` and `rows_half` are
+`peak_flops`/`rows_half` for small GEMMs and `large_flops`/`large_rows_half` for an op whose largest weight matrix
+has >= LARGE_GEMM_ELEMS elements (the Qwen3-30B-A3B experts and projections, not the bundled model's). Three op
+kinds get more structure, each from what the engine does (engine.py, packing.py, runtime.py):
+
+- expert_group (G experts at capacity C): the G experts share no operand, so the engine runs G GEMM chains (G
+  oneDNN calls, or the G batch entries of one bmm): a floor per call plus `call_s_group_expert` per expert, and the
+  utilisation of ONE expert's chain (w = FLOPs / G).
+- scatter: with static groups (R > 0 packed rows in its layer) it gathers the T*K assignment rows and accumulates
+  them (`call_s_gather` + its bytes); with none (every expert cold) it only allocates [T, H]. Each dynamic part
+  (cold experts, spilled overflow) is one more [T, H] add (`call_s_scatter_part` + its traffic).
+- other (the chunk's rest: embedding, norms, residual adds, LM head, and the engine's bookkeeping between the timed
+  ops, which lands here because it is not inside any op): a floor per chunk, one per layer, `other_op_s` per op the
+  chunk recorded, the LM head [T, H] x [H, V] at its own rate (`lm_head_flops`: one F.linear with N = vocab, not
+  the expert GEMMs) and the norms' traffic.
+
+The context the last two need (R, the parts and the tokens of a scatter's layer, the op count of a chunk) comes
+from the op stream around the op (`annotate`); measure stores it with each row, validate-device --runs reads it
+from the run's timeline. Same form as the NPU's graph-level model (graph_cost.py): per-call cost + work at a
+utilisation that rises with the work per call. All parameters are positive; the fit is least squares on log time
+over log parameters (scipy).
+
+Structure before 2026-12-02 (commit 88fea47): one rate and one utilisation curve for every GEMM with the group's
+whole work as w, one floor per group call, scatter priced by its bytes alone and the chunk's rest with the expert
+GEMMs' rate and no per-op term. Those were changed after the per-op-kind comparison of the held-out runs'
+timelines with it (README, "The device-model loop proven on this CPU").
 """
 from __future__ import annotations
 
@@ -29,40 +50,86 @@ from npumoe_lab.errors import NpuMoeError
 # engine op kinds (execution/ops.py OP_KINDS) that get their own per-call floor
 CALL_KINDS = ("attention", "router", "shared_experts", "experts_hf", "dispatch", "pack", "expert_group",
               "experts_dynamic", "scatter")
-RATE_PARAMS = ("peak_flops", "work_half_flops", "rows_half", "bandwidth_bytes_s", "attention_flops",
-               "other_chunk_s", "other_layer_s")
-PARAMS = tuple(f"call_s_{k}" for k in CALL_KINDS) + RATE_PARAMS
+EXTRA_FLOORS = ("call_s_group_expert", "call_s_gather", "call_s_scatter_part", "other_op_s")
+RATE_PARAMS = ("peak_flops", "work_half_flops", "rows_half", "large_flops", "large_rows_half", "bandwidth_bytes_s",
+               "attention_flops", "lm_head_flops", "other_chunk_s", "other_layer_s")
+PARAMS = tuple(f"call_s_{k}" for k in CALL_KINDS) + EXTRA_FLOORS + RATE_PARAMS
 # starting point of a fit (and the prior scale): orders of magnitude of a 2-core x86 VM under torch
-START = {**{f"call_s_{k}": 3e-5 for k in CALL_KINDS}, "peak_flops": 3e11, "work_half_flops": 1e7, "rows_half": 8.0,
-         "bandwidth_bytes_s": 1e10, "attention_flops": 1e11, "other_chunk_s": 3e-4, "other_layer_s": 5e-5}
-UNITS = {"peak_flops": "FLOP/s", "work_half_flops": "FLOP", "rows_half": "rows", "bandwidth_bytes_s": "B/s",
-         "attention_flops": "FLOP/s"}
+START = {**{f"call_s_{k}": 3e-5 for k in CALL_KINDS}, "call_s_group_expert": 5e-6, "call_s_gather": 3e-5,
+         "call_s_scatter_part": 1e-5, "other_op_s": 1e-5, "peak_flops": 3e11, "work_half_flops": 1e7,
+         "rows_half": 8.0, "large_flops": 3e11, "large_rows_half": 8.0, "bandwidth_bytes_s": 1e10,
+         "attention_flops": 1e11, "lm_head_flops": 3e11, "other_chunk_s": 3e-4, "other_layer_s": 5e-5}
+UNITS = {"peak_flops": "FLOP/s", "work_half_flops": "FLOP", "rows_half": "rows", "large_flops": "FLOP/s",
+         "large_rows_half": "rows", "bandwidth_bytes_s": "B/s",
+         "attention_flops": "FLOP/s", "lm_head_flops": "FLOP/s"}
 DTYPE_BYTES = 2     # element size the engine's recorded costs use (PrefillConfig.dtype_bytes)
+CONTEXT_KEYS = ("static_rows", "parts", "tokens", "chunk_ops")
+# A GEMM whose weight matrix has at least this many elements (1 MB in bf16) runs at another rate than the small
+# ones: oneDNN's blocked bf16 kernels reach ~8e11 FLOP/s on 2 cores there, a [C, 256] x [256, 128] expert chain a
+# third of that. It is the engine's own size rule for pre-packing experts (core/cpu_ffn.py MIN_PACKED_ELEMS, set
+# where packing starts to pay, bench/RESULTS.md; a test holds the two equal).
+LARGE_GEMM_ELEMS = 1024 * 512
 
 
-def op_record(kind, flops, nbytes, calls, gemm=None, shape=()) -> dict:
-    """The fields of one op this model prices (from an ops.Op, a timeline row or a measurement row's work.cost)."""
+def op_record(kind, flops, nbytes, calls, gemm=None, shape=(), context=None, chunk=None, layer=None) -> dict:
+    """The fields of one op this model prices (from an ops.Op, a timeline row or a measurement row's work.cost).
+    `context`: what `annotate` read from the op stream around it (None: not known, e.g. a hand-made record)."""
     if isinstance(gemm, str):
         gemm = json.loads(gemm)
     if isinstance(shape, str):
         shape = json.loads(shape)
     return dict(kind=str(kind), flops=float(flops), bytes=float(nbytes), calls=int(calls),
-                gemm=None if gemm is None else tuple(int(x) for x in gemm), shape=tuple(int(x) for x in shape))
+                gemm=None if gemm is None else tuple(int(x) for x in gemm), shape=tuple(int(x) for x in shape),
+                context=None if context is None else {k: int(v) for k, v in context.items()},
+                chunk=None if chunk is None else int(chunk), layer=None if layer is None else int(layer))
 
 
 def from_op(op) -> dict:
-    return op_record(op.kind, op.cost.flops, op.cost.bytes, op.cost.calls, op.cost.gemm, op.shape)
+    return op_record(op.kind, op.cost.flops, op.cost.bytes, op.cost.calls, op.cost.gemm, op.shape,
+                     chunk=op.chunk, layer=op.layer)
 
 
-def _utilisation(w, rows, p) -> float:
+def annotate(records: list) -> list:
+    """The records of one prefill's op stream (in program order, with chunk and layer) with the context a scatter
+    and a chunk's rest are priced from: a scatter's `static_rows` (R of the pack in its chunk and layer, 0: none)
+    and `parts` (dynamic expert ops there); an `other` op's `chunk_ops` (ops its chunk recorded besides itself)."""
+    rows, parts, n_chunk, tokens = {}, {}, {}, {}
+    for r in records:
+        key = (r["chunk"], r["layer"])
+        if r["kind"] == "attention" and r["shape"]:
+            tokens[r["chunk"]] = r["shape"][0]          # (t, past): the chunk's static length
+        if r["kind"] == "pack":
+            rows[key] = r["shape"][0] if r["shape"] else 0
+        elif r["kind"] == "experts_dynamic":
+            parts[key] = parts.get(key, 0) + 1
+        if r["kind"] != "other":
+            n_chunk[r["chunk"]] = n_chunk.get(r["chunk"], 0) + 1
+    out = []
+    for r in records:
+        key = (r["chunk"], r["layer"])
+        if r["kind"] == "scatter":
+            r = {**r, "context": {"static_rows": rows.get(key, 0), "parts": parts.get(key, 0),
+                                  "tokens": tokens.get(r["chunk"], 0)}}
+        elif r["kind"] == "other":
+            r = {**r, "context": {"chunk_ops": n_chunk.get(r["chunk"], 0)}}
+        out.append(r)
+    return out
+
+
+def _utilisation(w, rows, p, large=False) -> float:
     if w <= 0:
         return 1.0
-    return w / (w + p["work_half_flops"]) * rows / (rows + p["rows_half"])
+    return w / (w + p["work_half_flops"]) * rows / (rows + p["large_rows_half" if large else "rows_half"])
 
 
-def _gemm_memory(flops, nbytes, calls, rows, p) -> float:
-    t_gemm = flops / (p["peak_flops"] * _utilisation(flops / max(calls, 1), max(rows, 1), p)) if flops else 0.0
+def _gemm_memory(flops, nbytes, w, rows, p, rate="peak_flops") -> float:
+    t_gemm = flops / (p[rate] * _utilisation(w, max(rows, 1), p, rate == "large_flops")) if flops else 0.0
     return max(t_gemm, nbytes / p["bandwidth_bytes_s"])
+
+
+def _context(op, key, default) -> int:
+    ctx = op.get("context")
+    return default if not ctx or key not in ctx else ctx[key]
 
 
 def price(p: dict, op: dict) -> float:
@@ -74,20 +141,33 @@ def price(p: dict, op: dict) -> float:
                               "re-run with this version (it records the shape)")
         t, layers, h, v = op["shape"]
         flops, nbytes = 2.0 * t * h * v, (v * h + layers * 10 * t * h) * DTYPE_BYTES
-        return p["other_chunk_s"] + layers * p["other_layer_s"] + _gemm_memory(flops, nbytes, 1, t, p)
+        return (p["other_chunk_s"] + layers * p["other_layer_s"] + _context(op, "chunk_ops", 0) * p["other_op_s"]
+                + _gemm_memory(flops, nbytes, flops, t, p, rate="lm_head_flops"))
     if kind not in CALL_KINDS:
         raise NpuMoeError(f"op kind {kind!r} has no price in the CPU model; known: {', '.join(CALL_KINDS)}, other")
     base = calls * p[f"call_s_{kind}"]
+    calls = max(calls, 1)
     rows = 1 if gemm is None else gemm[0]
+    flops, nbytes, scores, chains, rate = op["flops"], op["bytes"], 0.0, calls, "peak_flops"
+    if gemm is not None and gemm[1] * gemm[2] >= LARGE_GEMM_ELEMS:
+        rate = "large_flops"                    # gemm = (rows, N, K): the op's largest GEMM [rows, K] x [K, N]
     if kind in ("experts_dynamic", "experts_hf"):
-        rows = rows / max(calls, 1)             # one call per expert at its own load
-    flops, scores = op["flops"], 0.0
+        rows = rows / calls                     # one call per expert at its own load
+    elif kind == "expert_group" and len(op["shape"]) == 4:
+        chains = calls * op["shape"][0]         # G experts: G GEMM chains per call
+        base += chains * p["call_s_group_expert"]
+    elif kind == "scatter":
+        static, n_parts = _context(op, "static_rows", 1) > 0, _context(op, "parts", 0)
+        base += static * p["call_s_gather"] + n_parts * p["call_s_scatter_part"]
+        # each part is one [T, H] add (read two, write one); without static rows a [T, H] zeros replaces the gather
+        h = op["shape"][1] if len(op["shape"]) == 2 else 0
+        nbytes = (nbytes if static else 0.0) + (3 * n_parts + (not static)) * _context(op, "tokens", 0) * h * DTYPE_BYTES
     if kind == "attention" and gemm is not None and len(op["shape"]) == 2:
         t, past = op["shape"]
         score_flops = 4.0 * t * (past + t) * gemm[1]       # gemm[1] = n_heads * head_dim
         flops = max(flops - score_flops, 0.0)
         scores = score_flops / p["attention_flops"]
-    return base + _gemm_memory(flops, op["bytes"], calls, rows, p) + scores
+    return base + _gemm_memory(flops, nbytes, flops / chains, rows, p, rate) + scores
 
 
 def price_many(p: dict, ops) -> np.ndarray:
@@ -125,13 +205,24 @@ def fit(ops, measured_s, start: dict | None = None, fixed: dict | None = None) -
 def _informed(name: str, ops) -> bool:
     """Whether any op's price depends on parameter `name` (the others cannot be fitted)."""
     kinds = {o["kind"] for o in ops}
-    if name.startswith("call_s_"):
+    if name.startswith("call_s_") and name[len("call_s_"):] in CALL_KINDS:
         return name[len("call_s_"):] in kinds
-    if name in ("other_chunk_s", "other_layer_s"):
+    if name == "call_s_group_expert":
+        return any(o["kind"] == "expert_group" and len(o["shape"]) == 4 for o in ops)
+    if name == "call_s_gather":
+        return any(o["kind"] == "scatter" and _context(o, "static_rows", 1) > 0 for o in ops)
+    if name == "call_s_scatter_part":
+        return any(o["kind"] == "scatter" and _context(o, "parts", 0) > 0 for o in ops)
+    if name == "other_op_s":
+        return any(o["kind"] == "other" and _context(o, "chunk_ops", 0) > 0 for o in ops)
+    if name in ("other_chunk_s", "other_layer_s", "lm_head_flops"):
         return "other" in kinds
+    if name in ("large_flops", "large_rows_half"):
+        return any(o["kind"] != "other" and o["gemm"] is not None and o["gemm"][1] * o["gemm"][2] >= LARGE_GEMM_ELEMS
+                   for o in ops)
     if name == "attention_flops":
         return "attention" in kinds
     return True
 
 
-__all__ = ["PARAMS", "CALL_KINDS", "START", "op_record", "from_op", "price", "price_many", "fit"]
+__all__ = ["PARAMS", "CALL_KINDS", "START", "op_record", "from_op", "annotate", "price", "price_many", "fit"]

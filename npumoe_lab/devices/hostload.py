@@ -6,6 +6,13 @@ measured call: the CPU time every process on the host used (psutil.cpu_times, i.
 process's own (psutil.Process.cpu_times, children included), the hypervisor's steal time, and the 1-minute
 load average. Only the accumulated seconds of the measured calls count, so the untimed work in between (scoring,
 plan building) does not dilute or inflate the reading.
+
+Those counters tick at USER_HZ (10 ms). Summed over calls of ~0.1 ms (a micro-benchmark's op), a single tick landing
+in a block reads as "others used 3.6 cores" on a quiet 2-core host (the 2026-12-02 baseline flagged 142 of 1133
+measure rows so, 17 of 27 group rows). So the reading is taken over the measured calls only when they add up to at
+least MIN_RESOLVED_S; shorter, over the whole span from the first call to the last (own CPU time subtracted, as
+always), and when even the span is shorter, over the span extended by a wait to MIN_RESOLVED_S (at most 0.2 s,
+once per HostLoad): the host's load around the calls, the closest reading the ticks can resolve.
 """
 from __future__ import annotations
 
@@ -22,6 +29,8 @@ from npumoe_lab.errors import NpuMoeWarning
 OTHER_CORES_LIMIT = 0.25
 STEAL_LIMIT = 0.05
 IQR_LIMIT = 0.25
+# 20 ticks of /proc/stat: a reading is off by up to ~2 ticks per core, i.e. +-0.1 cores here, under half the limit
+MIN_RESOLVED_S = 0.2
 
 
 class HostBusyWarning(NpuMoeWarning):
@@ -41,6 +50,8 @@ class HostLoad:
         self._psutil = psutil
         self._me = psutil.Process()
         self.wall_s = self.other_cpu_s = self.steal_s = 0.0
+        self._first = self._last = None          # snapshots at the first call's start and the last call's end
+        self._window = None                      # the reading over the extended span, once taken
         self.load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         self.n_cpus = psutil.cpu_count() or 1
 
@@ -57,9 +68,12 @@ class HostLoad:
         class _Block:
             def __enter__(self):
                 self.start = load._snapshot()
+                if load._first is None:
+                    load._first = self.start
 
             def __exit__(self, *exc):
-                end = load._snapshot()
+                end = load._last = load._snapshot()
+                load._window = None
                 wall, busy, steal, own = (b - a for a, b in zip(self.start, end))
                 load.wall_s += wall
                 load.other_cpu_s += max(busy - steal - own, 0.0)
@@ -67,10 +81,26 @@ class HostLoad:
                 return False
         return _Block()
 
+    def _reading(self) -> tuple[float, float]:
+        """(others' cores, steal share) over the measured calls, or over their whole span when the calls are too
+        short for the counters' ticks (module doc); NaN when neither is long enough."""
+        if self.wall_s >= MIN_RESOLVED_S:
+            return self.other_cpu_s / self.wall_s, self.steal_s / (self.wall_s * self.n_cpus)
+        if self._first is None:
+            return float("nan"), float("nan")
+        end = self._last
+        if end[0] - self._first[0] < MIN_RESOLVED_S:
+            if self._window is None:
+                import time
+                time.sleep(max(MIN_RESOLVED_S - (end[0] - self._first[0]), 0.0))
+                self._window = self._snapshot()
+            end = self._window
+        wall, busy, steal, own = (b - a for a, b in zip(self._first, end))
+        return max(busy - steal - own, 0.0) / wall, steal / (wall * self.n_cpus)
+
     def columns(self, times) -> dict:
         """Row columns: host load during the measured calls, the repeats' median/IQR, the busy flag and why."""
-        other = self.other_cpu_s / self.wall_s if self.wall_s > 0 else float("nan")
-        steal = self.steal_s / (self.wall_s * self.n_cpus) if self.wall_s > 0 else float("nan")
+        other, steal = self._reading()
         t = np.asarray([x for x in times if x is not None and np.isfinite(x)], dtype=float)
         med = float(np.median(t)) if t.size else float("nan")
         iqr = float(np.subtract(*np.percentile(t, [75, 25]))) if t.size else float("nan")

@@ -27,7 +27,7 @@ import yaml
 from npumoe_lab.core.cpu_features import dtype_name, resolve_dtype, row_fields
 from npumoe_lab.devices import get_platform
 from npumoe_lab.devices.cost import expert_ffn_cost
-from npumoe_lab.devices.cpu_model import from_op
+from npumoe_lab.devices.cpu_model import annotate, from_op
 from npumoe_lab.devices.hostload import HostLoad
 from npumoe_lab.devices.hostprofile import host_key
 from npumoe_lab.errors import NpuMoeError
@@ -74,14 +74,16 @@ def _median_iqr(ts) -> tuple[float, float]:
     return float(q[1]), float(q[2] - q[0])
 
 
-def _row(rid, op, times, load, device, geometry, dtype_name, extra_work=None, note=""):
-    """One schema row from an ops.Op and its repeat timings."""
+def _row(rid, op, times, load, device, geometry, dtype_name, extra_work=None, note="", rec=None):
+    """One schema row from an ops.Op and its repeat timings; `rec`: its op record annotated with the op stream's
+    context (cpu_model.annotate: a scatter's static rows and parts, a chunk rest's op count), kept in work.cost."""
     med, iqr = _median_iqr(times)
     host = load.columns(times)
-    rec = from_op(op)
+    rec = rec or from_op(op)
     work = {"op": op.kind, "geometry": geometry, "weight_format": dtype_name, "calls": rec["calls"],
             "cost": {"flops": rec["flops"], "bytes": rec["bytes"], "calls": rec["calls"],
-                     "gemm": None if rec["gemm"] is None else list(rec["gemm"]), "shape": list(rec["shape"])},
+                     "gemm": None if rec["gemm"] is None else list(rec["gemm"]), "shape": list(rec["shape"]),
+                     **({"context": dict(rec["context"])} if rec.get("context") else {})},
             **(extra_work or {})}
     return {"id": rid, "chip": host_chip(), "device": "npu" if device == "coreml" else "cpu",
             "path": PATHS[device], "kind": SCHEMA_KIND[op.kind], "work": work, "measured_s": med,
@@ -134,14 +136,14 @@ def prefill_rows(model, geometry, mode, n_layers, chunk, prompt, repeats, device
         runs.append(res.ops)
     if len({len(r) for r in runs}) != 1:
         raise NpuMoeError(f"{geometry} {mode} prefill recorded a different number of ops per repeat; rerun measure")
-    rows = []
+    rows, recs = [], annotate([from_op(op) for op, _, _ in runs[0]])
     for i, (op, _, _) in enumerate(runs[0]):
         times = [r[i][2] for r in runs]
         rid = f"{geometry}-L{n_layers}-{mode}-c{chunk}-p{prompt}-k{op.chunk}-l{op.layer}-{op.name}"
         rows.append(_row(rid, op, times, load, device, geometry, dtype_name,
                          {"rows": chunk, "context": op.chunk * chunk, "layers": n_layers},
                          note=f"one {op.kind} op of a {n_layers}-layer {mode} prefill ({prompt} tokens in chunks "
-                              f"of {chunk}), engine clock"))
+                              f"of {chunk}), engine clock", rec=recs[i]))
     return rows
 
 

@@ -26,11 +26,13 @@ TL_KEYS = ["model", "variant", "prompt_len", "run_chunk"]
 
 
 def reprice_timeline(params: dict, tl: pd.DataFrame) -> float:
-    """Modeled seconds of one prefill's events (one queue: their sum)."""
+    """Modeled seconds of one prefill's events (one queue: their sum), each op priced with the context of the op
+    stream around it (cpu_model.annotate), as measure prices its rows."""
     if "kind" not in tl.columns:
         raise NpuMoeError("the timeline has no op kinds (kind/shape/gemm columns); re-run `npumoe-lab run "
                           "--platform cpu --timeline` with this version")
-    ops = [cpu_model.op_record(r.kind, r.flops, r.bytes, r.calls, r.gemm, r.shape) for r in tl.itertuples()]
+    ops = cpu_model.annotate([cpu_model.op_record(r.kind, r.flops, r.bytes, r.calls, r.gemm, r.shape, chunk=r.chunk,
+                                                  layer=r.layer) for r in tl.itertuples()])
     return float(cpu_model.price_many(params, ops).sum())
 
 

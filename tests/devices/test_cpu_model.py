@@ -10,22 +10,71 @@ from npumoe_lab.errors import NpuMoeError
 
 TRUE = {**{f"call_s_{k}": v for k, v in zip(cm.CALL_KINDS, (4e-4, 6e-5, 5e-5, 2e-4, 3e-4, 4e-5, 9e-5, 1.2e-4,
                                                             3.5e-5))},
-        "peak_flops": 4.0e11, "work_half_flops": 2.0e7, "rows_half": 6.0, "bandwidth_bytes_s": 1.5e10,
-        "attention_flops": 8.0e10, "other_chunk_s": 5e-4, "other_layer_s": 8e-5}
+        "call_s_group_expert": 6e-6, "call_s_gather": 7e-5, "call_s_scatter_part": 1.5e-5, "other_op_s": 2e-5,
+        "peak_flops": 4.0e11, "work_half_flops": 2.0e7, "rows_half": 6.0, "large_flops": 8.0e11,
+        "large_rows_half": 20.0, "bandwidth_bytes_s": 1.5e10, "attention_flops": 8.0e10, "lm_head_flops": 6.0e11,
+        "other_chunk_s": 5e-4, "other_layer_s": 8e-5}
 
 
-def rec(kind, cost, shape=()):
-    return cm.op_record(kind, cost.flops, cost.bytes, cost.calls, cost.gemm, shape)
+def rec(kind, cost, shape=(), context=None):
+    return cm.op_record(kind, cost.flops, cost.bytes, cost.calls, cost.gemm, shape, context=context)
 
 
-def test_expert_group_price_by_hand():
-    G, C, H, I = 4, 32, 256, 128
+def test_true_covers_every_parameter():
+    assert set(TRUE) == set(cm.PARAMS) == set(cm.START)
+
+
+def test_large_gemm_rule_is_the_engines_packing_rule():
+    from npumoe_lab.core.cpu_ffn import MIN_PACKED_ELEMS
+    assert cm.LARGE_GEMM_ELEMS == MIN_PACKED_ELEMS
+
+
+@pytest.mark.parametrize("H,I,rate,half", [(256, 128, "peak_flops", "rows_half"),
+                                           (2048, 768, "large_flops", "large_rows_half")])
+def test_expert_group_price_by_hand(H, I, rate, half):
+    """G experts = G GEMM chains: a floor per call + one per expert, each chain at ONE expert's utilisation."""
+    G, C = 4, 32
     cost = expert_ffn_cost(G, C, H, I, dtype_bytes=2, weight_bytes=2)
     flops = 6.0 * G * C * H * I                       # gate+up [C,H]x[H,2I] and down [C,I]x[I,H], per expert
     assert cost.flops == pytest.approx(flops)
-    u = flops / (flops + TRUE["work_half_flops"]) * C / (C + TRUE["rows_half"])
-    want = TRUE["call_s_expert_group"] + max(flops / (TRUE["peak_flops"] * u), cost.bytes / TRUE["bandwidth_bytes_s"])
+    w = flops / G                                     # one expert's chain
+    u = w / (w + TRUE["work_half_flops"]) * C / (C + TRUE[half])
+    nbytes = 3 * G * H * I * 2 + 2 * G * C * H * 2    # weights + packed in/out, bf16
+    want = TRUE["call_s_expert_group"] + G * TRUE["call_s_group_expert"] + \
+        max(flops / (TRUE[rate] * u), nbytes / TRUE["bandwidth_bytes_s"])
     assert cm.price(TRUE, rec("expert_group", cost, (G, C, H, I))) == pytest.approx(want, rel=1e-12)
+
+
+def test_scatter_price_by_hand_with_and_without_static_rows():
+    S, H, T = 512, 256, 128
+    cost = memory_cost(2 * S * H * 2, "scatter")
+    gathered = TRUE["call_s_scatter"] + TRUE["call_s_gather"] + 2 * S * H * 2 / TRUE["bandwidth_bytes_s"]
+    got = cm.price(TRUE, rec("scatter", cost, (S, H), {"static_rows": 1024, "parts": 0, "tokens": T}))
+    assert got == pytest.approx(gathered, rel=1e-12)
+    # two dynamic parts: two [T, H] adds (read 2, write 1 each) on top of the gather
+    got = cm.price(TRUE, rec("scatter", cost, (S, H), {"static_rows": 1024, "parts": 2, "tokens": T}))
+    want = gathered + 2 * TRUE["call_s_scatter_part"] + 6 * T * H * 2 / TRUE["bandwidth_bytes_s"]
+    assert got == pytest.approx(want, rel=1e-12)
+    # every expert cold: no gather, a [T, H] zeros and the one part's add
+    got = cm.price(TRUE, rec("scatter", cost, (S, H), {"static_rows": 0, "parts": 1, "tokens": T}))
+    want = TRUE["call_s_scatter"] + TRUE["call_s_scatter_part"] + 4 * T * H * 2 / TRUE["bandwidth_bytes_s"]
+    assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_annotate_reads_each_ops_context_from_its_stream():
+    """A two-layer chunk by hand: layer 0 with static rows and a cold part, layer 1 all cold (no pack)."""
+    def r(kind, layer, shape=(), chunk=0):
+        return cm.op_record(kind, 1.0, 1.0, 1, None, shape, chunk=chunk, layer=layer)
+    stream = [r("attention", 0, (64, 0)), r("router", 0), r("dispatch", 0), r("pack", 0, (96, 256)),
+              r("expert_group", 0), r("experts_dynamic", 0), r("scatter", 0, (256, 256)),
+              r("attention", 1, (64, 0)), r("router", 1), r("dispatch", 1), r("experts_dynamic", 1),
+              r("scatter", 1, (256, 256)), r("other", -1, (64, 2, 256, 4096)),
+              r("attention", 0, (64, 64), chunk=1), r("other", -1, (64, 2, 256, 4096), chunk=1)]
+    out = cm.annotate(stream)
+    assert out[6]["context"] == {"static_rows": 96, "parts": 1, "tokens": 64}
+    assert out[11]["context"] == {"static_rows": 0, "parts": 1, "tokens": 64}
+    assert out[12]["context"] == {"chunk_ops": 12} and out[14]["context"] == {"chunk_ops": 1}
+    assert all(o["context"] is None for i, o in enumerate(out) if i not in (6, 11, 12, 14))
 
 
 def test_attention_scores_priced_apart_and_grow_with_context():
@@ -42,12 +91,12 @@ def test_attention_scores_priced_apart_and_grow_with_context():
 
 
 def test_chunk_rest_priced_from_its_shape():
-    T, L, H, V = 128, 4, 256, 4096
+    T, L, H, V, n_ops = 128, 4, 256, 4096, 37
     flops, nbytes = 2.0 * T * H * V, (V * H + L * 10 * T * H) * 2
     u = flops / (flops + TRUE["work_half_flops"]) * T / (T + TRUE["rows_half"])
-    want = TRUE["other_chunk_s"] + L * TRUE["other_layer_s"] + max(flops / (TRUE["peak_flops"] * u),
-                                                                    nbytes / TRUE["bandwidth_bytes_s"])
-    got = cm.price(TRUE, rec("other", memory_cost(0, "other"), (T, L, H, V)))
+    want = TRUE["other_chunk_s"] + L * TRUE["other_layer_s"] + n_ops * TRUE["other_op_s"] + \
+        max(flops / (TRUE["lm_head_flops"] * u), nbytes / TRUE["bandwidth_bytes_s"])
+    got = cm.price(TRUE, rec("other", memory_cost(0, "other"), (T, L, H, V), {"chunk_ops": n_ops}))
     assert got == pytest.approx(want, rel=1e-12)
     with pytest.raises(NpuMoeError, match="shape"):
         cm.price(TRUE, rec("other", memory_cost(0, "other"), ()))
@@ -65,14 +114,17 @@ def synthetic_ops():
                 ops.append(rec("attention", attention_cost(T, past, H, 8, 2, 64), (T, past)))
             ops.append(rec("router", dense_cost(T, H, 64)))
             ops.append(rec("shared_experts", dense_cost(T, H, 3 * I)))
-            for kind in ("dispatch", "pack", "scatter"):
+            for kind in ("dispatch", "pack"):
                 ops.append(rec(kind, memory_cost(T * H * 4.0, kind)))
+            for static, parts in ((1, 0), (0, 1), (1, 2)):
+                ops.append(rec("scatter", memory_cost(T * H * 4.0, "scatter"), (4 * T, H),
+                               {"static_rows": static * 4 * T, "parts": parts, "tokens": T}))
             for n in (4, 16):
                 dyn = expert_ffn_cost(1, T, H, I, calls=n)
                 ops.append(rec("experts_dynamic", dyn))
                 ops.append(rec("experts_hf", dyn))
-            for L in (1, 2):
-                ops.append(rec("other", memory_cost(0, "other"), (T, L, H, 4096)))
+            for L, n_ops in ((1, 8), (2, 16), (2, 80)):
+                ops.append(rec("other", memory_cost(0, "other"), (T, L, H, 4096), {"chunk_ops": n_ops}))
     return ops
 
 

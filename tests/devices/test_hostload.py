@@ -141,3 +141,56 @@ def test_host_load_arithmetic_on_fixed_counter_readings(monkeypatch):
     # others: 5 - 0.4 - 2 = 2.6 s over 2 s wall; steal 0.4 s over 2 s x 2 cpus
     assert busy["host_other_cores"] == pytest.approx(1.3) and busy["host_steal_frac"] == pytest.approx(0.1)
     assert busy["host_busy"] and busy["host_busy_reason"] == "other processes used 1.30 cores; steal 10%"
+
+
+def _scripted(load, snapshots):
+    """HostLoad reading scripted (time, all busy, steal, own) snapshots instead of the kernel's counters."""
+    it = iter(snapshots)
+    load._snapshot = lambda: next(it)
+    return load
+
+
+def test_short_calls_read_the_load_over_their_span_not_a_single_tick():
+    """Two 0.1 ms calls 1.2 s apart on a quiet host: one 10 ms /proc/stat tick of another process lands inside the
+    first. Over the calls alone that reads as 50 cores; over the span (1.2 s, 12 ms of others' CPU) 0.01 cores."""
+    load = _scripted(HostLoad(), [(0.0, 0.0, 0.0, 0.0), (1e-4, 0.010, 0.0, 0.0),        # call 1: the tick
+                                  (1.2, 0.012, 0.0, 0.0), (1.2001, 0.012, 0.0, 0.0)])   # call 2
+    for _ in range(2):
+        with load.measuring():
+            pass
+    assert load.other_cpu_s / load.wall_s == pytest.approx(50.0)           # what the calls alone would say
+    cols = load.columns([1e-4, 1e-4])
+    assert cols["host_other_cores"] == pytest.approx(0.012 / 1.2001)
+    assert not cols["host_busy"]
+
+
+def test_a_busy_span_still_flags_and_too_short_a_span_is_waited_out():
+    busy = _scripted(HostLoad(), [(0.0, 0.0, 0.0, 0.0), (1e-4, 0.0, 0.0, 0.0),
+                                  (1.5, 1.5, 0.0, 0.0), (1.5001, 1.5, 0.0, 0.0)])     # another process: 1 core
+    # 0.1 ms in all (one tick inside): read again after a wait; quiet around the call -> 0.01 / 0.2 cores
+    short = _scripted(HostLoad(), [(0.0, 0.0, 0.0, 0.0), (1e-4, 0.01, 0.0, 0.0), (0.2, 0.01, 0.0, 0.0)])
+    for load in (busy, short):
+        for _ in range(2 if load is busy else 1):
+            with load.measuring():
+                pass
+    cols = busy.columns([1e-4, 1e-4])
+    assert cols["host_other_cores"] == pytest.approx(1.5 / 1.5001) and cols["host_busy"]
+    assert "other processes used" in cols["host_busy_reason"]
+    t0 = time.perf_counter()
+    cols = short.columns([1e-4])
+    assert cols["host_other_cores"] == pytest.approx(0.01 / 0.2) and not cols["host_busy"]
+    assert time.perf_counter() - t0 > 0.15                        # it waited for the counters to resolve
+    assert short.columns([1e-4])["host_other_cores"] == cols["host_other_cores"]      # once per HostLoad
+
+
+def test_long_calls_keep_the_reading_over_the_calls_alone():
+    """>= MIN_RESOLVED_S of measured calls: the untimed gap between them (others busy there) does not count."""
+    from npumoe_lab.devices.hostload import MIN_RESOLVED_S
+    w = MIN_RESOLVED_S
+    load = _scripted(HostLoad(), [(0.0, 0.0, 0.0, 0.0), (w, 0.0, 0.0, 0.0),
+                                  (5 * w, 8 * w, 0.0, 0.0), (6 * w, 8 * w, 0.0, 0.0)])
+    for _ in range(2):
+        with load.measuring():
+            pass
+    cols = load.columns([w, w])
+    assert cols["host_other_cores"] == 0.0 and not cols["host_busy"]

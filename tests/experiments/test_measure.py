@@ -96,3 +96,23 @@ def test_mixed_prefills_time_cold_experts_and_scatter_with_parts(rows):
     mixed = [r for r in rows if "-mixed-" in r["id"]]
     names = {r["id"].rsplit("-", 1)[1] for r in mixed}
     assert {"cold", "scatter", "dispatch"} <= names and any(r["work"]["op"] == "expert_group" for r in mixed)
+
+
+def test_rows_carry_the_stream_context_the_host_model_prices(rows):
+    """Each scatter row says its layer's packed rows (the pack row of the same chunk and layer), its dynamic parts
+    (the cold/spill rows there) and the chunk's tokens; each chunk rest says how many ops its chunk recorded."""
+    for mode in ("static", "mixed"):
+        prefill = [r for r in rows if f"-{mode}-" in r["id"]]
+        for sc in (r for r in prefill if r["work"]["op"] == "scatter"):
+            where = sc["id"].rsplit("-", 1)[0]                       # ...-k<chunk>-l<layer>
+            same = [r for r in prefill if r["id"].rsplit("-", 1)[0] == where]
+            pack = next(r for r in same if r["work"]["op"] == "pack")
+            n_dyn = sum(r["work"]["op"] == "experts_dynamic" for r in same)
+            assert sc["work"]["cost"]["context"] == {"static_rows": pack["work"]["cost"]["shape"][0],
+                                                     "parts": n_dyn, "tokens": 16}
+        for rest in (r for r in prefill if r["work"]["op"] == "other"):
+            chunk = rest["id"].split("-k")[1].split("-")[0]
+            n = sum(r["id"].split("-k")[1].split("-")[0] == chunk and r["work"]["op"] != "other" for r in prefill)
+            assert rest["work"]["cost"]["context"] == {"chunk_ops": n}
+    assert any(r["work"]["cost"]["context"]["parts"] for r in rows if "-mixed-" in r["id"]
+               and r["work"]["op"] == "scatter")

@@ -26,7 +26,8 @@ def host_rows(ops, busy=()):
                               "calls": o["calls"],
                               "cost": {"flops": o["flops"], "bytes": o["bytes"], "calls": o["calls"],
                                        "gemm": None if o["gemm"] is None else list(o["gemm"]),
-                                       "shape": list(o["shape"])}},
+                                       "shape": list(o["shape"]), **({"context": o["context"]} if o["context"]
+                                                                     else {})}},
                      "measured_s": float(cm.price(TRUE, o)), "source": {"ref": "generated", "read": "the model"},
                      "confidence": "H", "role": "fit", "host_busy": i in busy})
     return rows
@@ -72,10 +73,15 @@ def test_bad_fits_are_one_line_and_write_nothing(case, message, tmp_path, capsys
 def fake_run(tmp_path, params):
     """Two measured result rows and their timelines (one busy); returns (runs dir, modeled TTFT by hand)."""
     ops = [("attention", attention_cost(64, 0, 256, 4, 2, 64), (64, 0)),
+           ("pack", memory_cost(2 * 64 * 256 * 2.0, "pack"), (64, 256)),
            ("expert_group", expert_ffn_cost(4, 16, 256, 128), (4, 16, 256, 128)),
            ("scatter", memory_cost(64 * 256 * 4.0, "scatter"), (64, 256)),
            ("other", memory_cost(0, "other"), (64, 4, 256, 4096))]
-    by_hand = sum(cm.price(params, cm.op_record(k, c.flops, c.bytes, c.calls, c.gemm, s)) for k, c, s in ops)
+    # the context of each op in this stream, by hand: the scatter's layer packed 64 rows, no cold part; the chunk
+    # recorded 4 ops besides its rest
+    context = {"scatter": {"static_rows": 64, "parts": 0, "tokens": 64}, "other": {"chunk_ops": 4}}
+    by_hand = sum(cm.price(params, cm.op_record(k, c.flops, c.bytes, c.calls, c.gemm, s, context=context.get(k)))
+                  for k, c, s in ops)
     runs = tmp_path / "runs"
     rows, tls = [], []
     for variant, busy in (("npumoe", False), ("reference", True)):
@@ -143,7 +149,8 @@ def test_a_real_measured_run_is_repriced_from_its_timeline(tmp_path):
     df = validate_runs(fit_file(tmp_path, TRUE), runs)
     tl = load_timelines(runs)
     assert set(tl["run_chunk"]) == {128} and set(tl["prompt_len"]) == {256} and tl["kind"].notna().all()
-    by_hand = sum(cm.price(TRUE, cm.op_record(r.kind, r.flops, r.bytes, r.calls, r.gemm, r.shape))
-                  for r in tl.itertuples())
+    by_hand = sum(cm.price(TRUE, o) for o in cm.annotate([cm.op_record(r.kind, r.flops, r.bytes, r.calls, r.gemm,
+                                                                       r.shape, chunk=r.chunk, layer=r.layer)
+                                                          for r in tl.itertuples()]))
     assert len(df) == 1 and df["modeled_ttft_s"].iloc[0] == pytest.approx(by_hand, rel=1e-12)
     assert df["measured_ttft_s"].iloc[0] > 0
