@@ -26,7 +26,7 @@ class SameRouting:
         rows = []
         for c, per in enumerate(self.routed):
             for s in specs:
-                n = np.bincount(per[s.layer][0].reshape(-1).numpy(), minlength=s.n_experts)
+                n = np.bincount(np.asarray(per[s.layer][0]).reshape(-1), minlength=s.n_experts)
                 rows += [dict(layer=s.layer, expert=e, chunk_id=c, count=int(n[e])) for e in range(s.n_experts)]
         counts = pd.DataFrame(rows)
         stats = counts.groupby(["layer", "expert"], as_index=False)["count"].sum().assign(
