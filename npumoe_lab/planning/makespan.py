@@ -102,12 +102,19 @@ class LayerMakespan:
         t = n * c.call_overhead_s + np.maximum(flops / rate, nbytes / c.bandwidth_bytes_s)
         return np.where(load > 0, t, 0.0)
 
+    def pack_seconds(self, rows: np.ndarray) -> np.ndarray:
+        """cpu.estimate(memory_cost(2 * rows * H * b, "pack")) elementwise: on a roofline CPU the same arithmetic
+        as DeviceModel.estimate (one call's overhead + bytes / bandwidth, no FLOPs), else op by op."""
+        cpu, H, b = self.platform.cpu, self.case.hidden, self.case.dtype_bytes
+        if getattr(cpu, "graph_model", None):
+            return np.array([self._pack(r) for r in rows])
+        return 1 * cpu.call_overhead_s + np.maximum(0.0, 2 * rows * H * b / cpu.bandwidth_bytes_s)
+
     def many(self, masks: np.ndarray) -> np.ndarray:
         """[candidates] mean makespans of [candidates, n] resident masks."""
         masks = np.asarray(masks, dtype=bool)
         npu = masks @ self.npu_s
-        rows, inv = np.unique(masks @ self.rows, return_inverse=True)    # few distinct packed sizes: price each once
-        pack = np.array([self._pack(r) for r in rows])[inv.reshape(-1)]
+        pack = self.pack_seconds(masks @ self.rows)
         cold = ~masks
         load, touched = cold.astype(float) @ self.load, cold.astype(float) @ self.touched   # [cand, chunks]
         cold_s = self.cold_seconds(np.rint(load), np.rint(touched))

@@ -70,12 +70,18 @@ def sample_routing_np(shares, T: int, K: int, rng: np.random.Generator, perm=Non
     if perm is not None:
         logp = logp[np.argsort(perm)]
     u = rng.random((T, len(logp)), dtype=np.float32)
-    scores = logp - np.log(-np.log(np.maximum(u, np.float32(1e-30))))     # + Gumbel(0, 1) noise
-    idx = np.argpartition(-scores, K - 1, axis=1)[:, :K]
-    v = np.take_along_axis(scores, idx, 1)
-    order = np.argsort(-v, axis=1, kind="stable")
-    idx, v = np.take_along_axis(idx, order, 1), np.take_along_axis(v, order, 1)
-    w = np.exp(v - v[:, :1])
+    # neg = -(logp + Gumbel(0, 1) noise) = log(-log u) - logp, in place (the same float32 values as negating the
+    # scores: IEEE negation is exact): the K smallest are the K drawn experts
+    neg = np.maximum(u, np.float32(1e-30), out=u)
+    np.log(neg, out=neg)
+    np.negative(neg, out=neg)
+    np.log(neg, out=neg)
+    np.subtract(neg, logp, out=neg)
+    idx = np.argpartition(neg, K - 1, axis=1)[:, :K]
+    nv = np.take_along_axis(neg, idx, 1)
+    order = np.argsort(nv, axis=1, kind="stable")
+    idx, nv = np.take_along_axis(idx, order, 1), np.take_along_axis(nv, order, 1)
+    w = np.exp(nv[:, :1] - nv)                      # = exp(v - v_max) of the scores v = -nv
     return idx.astype(np.int64), (w / w.sum(1, keepdims=True)).astype(np.float32)
 
 
