@@ -213,10 +213,11 @@ class PopularityRouting:
                 idx = sample_routing_np(shares, chunk, s.top_k, g)[0]
                 m[:, j] = np.bincount(idx.reshape(-1), minlength=s.n_experts)
             matrices[s.layer] = m
-            rows.append(pd.DataFrame({"layer": s.layer, "expert": np.repeat(np.arange(s.n_experts), m.shape[1]),
-                                      "chunk_id": np.tile(np.arange(m.shape[1]), s.n_experts),
-                                      "count": m.reshape(-1)}))
-        counts = pd.concat(rows, ignore_index=True)
+            rows.append((np.full(m.size, s.layer, dtype=np.int64), np.repeat(np.arange(s.n_experts), m.shape[1]),
+                         np.tile(np.arange(m.shape[1]), s.n_experts), m.reshape(-1)))
+        # one frame from the layers' columns (a frame per layer and a concat cost ~0.4 s of a paper grid)
+        counts = pd.DataFrame({name: np.concatenate([r[i] for r in rows])
+                               for i, name in enumerate(("layer", "expert", "chunk_id", "count"))})
         stats = counts.groupby(["layer", "expert"], as_index=False)["count"].sum()
         stats = stats.assign(weight_sum=0.0, weight_sq_sum=0.0, norm_sum=0.0)
         meta = {"model_fingerprint": "simulated", "model": "simulated", "workload": self.label, "chunk": chunk,
