@@ -37,7 +37,7 @@ bench: setup
 	$(BIN)/python bench/moe_layer.py $(BENCH_ARGS)
 	$(BIN)/python bench/sim_grid.py --draws 200
 	$(BIN)/python bench/sim_scaling.py
-	$(BIN)/python bench/explorer_update.py
+	$(BIN)/python bench/explorer_update.py --browser
 	$(BIN)/python bench/accuracy_curve.py $(ACCURACY_ARGS)
 
 # issue 17's targets over ROUNDS fresh processes (median, range, rounds meeting each): ~2.5 min a round quiet

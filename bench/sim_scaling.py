@@ -14,8 +14,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.sim_grid import cpu_line  # noqa: E402  (after the path insert)
 from npumoe_lab.devices import get_platform  # noqa: E402
@@ -38,7 +36,7 @@ def geometry(layers: int, experts: int, tmp: Path):
     cfg.pop("mlp_only_layers", None)
     path = tmp / f"qwen3-l{layers}-e{experts}.json"
     path.write_text(json.dumps(cfg))
-    return load_geometry(path)[2]
+    return load_geometry(path, hf_config=False)[2]
 
 
 def one_row(geo, prompt: int, repeats: int) -> tuple[float, float, int]:
@@ -49,7 +47,7 @@ def one_row(geo, prompt: int, repeats: int) -> tuple[float, float, int]:
     for r in range(repeats):
         c0 = time.process_time()
         src = parse_routing("synthetic:gini=0.45", specs, r)
-        executor, _ = variant_executor(v, specs, src.calibration_profile(specs, CHUNK, r), plat, {})
+        executor, _ = variant_executor(v, specs, src.calibration_profile(specs, CHUNK, r), plat, {}, engine="array")
         routed = src.chunks(specs, prompt, CHUNK, r)
         c1 = time.process_time()
         stream = build_stream(geo, executor, routing_counts(routed, specs, prompt, CHUNK))
@@ -84,5 +82,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
     sys.exit(main())

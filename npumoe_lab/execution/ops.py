@@ -15,8 +15,6 @@ import contextlib
 import contextvars
 from dataclasses import dataclass
 
-import torch
-
 from npumoe_lab.devices.cost import OpCost
 from npumoe_lab.errors import NpuMoeError
 
@@ -60,10 +58,11 @@ class ChunkContext:
         return (self.npu_weight_bytes or self.dtype_bytes) if role == "npu" else self.dtype_bytes
 
     @property
-    def pad_mask(self) -> torch.Tensor | None:
+    def pad_mask(self) -> torch.Tensor | None:  # noqa: F821 (a string: torch loads only where numerics run)
         """[length] bool, True for the padding tokens after the real ones (None: no padding)."""
         if self.n_real == self.length:
             return None
+        import torch     # lazy: ops are also built by a routing-only simulation, which never loads torch
         return torch.arange(self.length) >= self.n_real
 
 

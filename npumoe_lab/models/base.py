@@ -6,10 +6,11 @@ code; the forward path always uses HF's own router."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
-import torch
-from torch import nn
+if TYPE_CHECKING:      # annotations only: torch loads where a router or a model runs, not for a geometry
+    import torch
+    from torch import nn
 
 ROUTING_RULES = ("softmax_topk", "topk_softmax", "sparsemixer", "sigmoid_group_topk")
 ACTIVATIONS = ("swiglu", "gpt_oss")
@@ -87,6 +88,7 @@ def router_logits(router: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 
 def softmax_topk(logits: torch.Tensor, k: int, renorm: bool):
     """Softmax over all experts, keep the k largest probabilities, optionally renormalise them to sum 1."""
+    import torch     # lazy: the models package imports without torch (geometries, simulation)
     probs = torch.softmax(logits, dim=-1)
     weight, idx = probs.topk(k, dim=-1)
     if renorm:
@@ -96,5 +98,6 @@ def softmax_topk(logits: torch.Tensor, k: int, renorm: bool):
 
 def topk_softmax(logits: torch.Tensor, k: int):
     """Keep the k largest logits, softmax over those k only (weights sum to 1 by construction)."""
+    import torch     # lazy: as above
     top, idx = logits.topk(k, dim=-1)
     return idx, torch.softmax(top, dim=-1)

@@ -4,12 +4,11 @@ the (uncorrected) scores, renormalised if `norm_topk_prob`, times `routed_scalin
 `first_k_dense_replace` layers are dense; MoE layers add `n_shared_experts` dense shared experts."""
 from __future__ import annotations
 
-import torch
-
 from npumoe_lab.models.base import Family, router_logits
 
 
 def reference_route(router, hidden):
+    import torch     # lazy: the family registers without torch (geometries, simulation)
     scores = torch.sigmoid(router_logits(router, hidden))
     choice = scores + router.e_score_correction_bias.float()
     n, e = choice.shape

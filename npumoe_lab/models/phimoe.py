@@ -3,14 +3,18 @@ router; `reference_route` copies HF's `sparsemixer` eval-mode math (no jitter, n
 Note the two weights do not sum to 1 and sparsemixer always picks exactly 2 experts."""
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from npumoe_lab.models.base import Family, router_logits
+
+if TYPE_CHECKING:      # annotations only: the family registers without torch (geometries, simulation)
+    import torch
 
 
 def _masked_pick(scores, candidates, jitter_eps):
     """argmax of `candidates`, weight = softmax over candidates after masking every expert whose relative gap
     to that max (measured on the raw scores) exceeds 2 * jitter_eps."""
+    import torch     # lazy: see the imports
     top, idx = candidates.max(dim=-1, keepdim=True)
     factor = scores.abs().clamp(min=top)
     far = ((top - scores) / factor) > (2 * jitter_eps)
@@ -19,6 +23,7 @@ def _masked_pick(scores, candidates, jitter_eps):
 
 
 def sparsemixer_eval(scores: torch.Tensor, jitter_eps: float):
+    import torch     # lazy: see the imports
     idx1, w1 = _masked_pick(scores, scores, jitter_eps)
     idx2, w2 = _masked_pick(scores, scores.scatter(-1, idx1, float("-inf")), jitter_eps)
     return torch.cat([idx1, idx2], dim=-1), torch.cat([w1, w2], dim=-1)

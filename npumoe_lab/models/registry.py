@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.models import deepseek_v3, gpt_oss, granitemoe, mixtral, olmoe, phimoe, qwen2_moe, qwen3_moe
 from npumoe_lab.models.base import Family, MoEBlockRef, MoELayerSpec
+
+if TYPE_CHECKING:      # annotations only: torch loads where a model is fingerprinted, not for a geometry
+    import torch
+    from torch import nn
 
 FAMILIES: dict[str, Family] = {m.FAMILY.model_type: m.FAMILY for m in (
     qwen3_moe, qwen2_moe, olmoe, mixtral, phimoe, gpt_oss, deepseek_v3, granitemoe)}
@@ -71,6 +73,7 @@ def describe(model: nn.Module) -> list[MoELayerSpec]:
 
 def _tensor_bytes(t: torch.Tensor) -> bytes:
     # reinterpret as bytes (works for bf16, which NumPy cannot hold)
+    import torch     # lazy: the registry answers geometry questions without torch
     return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
@@ -86,6 +89,7 @@ def model_fingerprint(model: nn.Module, refresh: bool = False) -> str:
         return cached
     config = {k: v for k, v in model.config.to_dict().items()
               if not k.startswith("_") and k not in _VOLATILE_CONFIG_KEYS}
+    import torch     # lazy: as _tensor_bytes
     h = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
     for name, tensor in sorted(model.state_dict().items()):
         h.update(f"{name}|{tuple(tensor.shape)}|".encode())

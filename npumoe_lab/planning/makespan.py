@@ -102,11 +102,19 @@ class LayerMakespan:
         t = n * c.call_overhead_s + np.maximum(flops / rate, nbytes / c.bandwidth_bytes_s)
         return np.where(load > 0, t, 0.0)
 
+    def pack_seconds(self, rows: np.ndarray) -> np.ndarray:
+        """cpu.estimate(memory_cost(2 * rows * H * b, "pack")) elementwise: on a roofline CPU the same arithmetic
+        as DeviceModel.estimate (one call's overhead + bytes / bandwidth, no FLOPs), else op by op."""
+        cpu, H, b = self.platform.cpu, self.case.hidden, self.case.dtype_bytes
+        if getattr(cpu, "graph_model", None):
+            return np.array([self._pack(r) for r in rows])
+        return 1 * cpu.call_overhead_s + np.maximum(0.0, 2 * rows * H * b / cpu.bandwidth_bytes_s)
+
     def many(self, masks: np.ndarray) -> np.ndarray:
         """[candidates] mean makespans of [candidates, n] resident masks."""
         masks = np.asarray(masks, dtype=bool)
         npu = masks @ self.npu_s
-        pack = np.array([self._pack(r) for r in masks @ self.rows])
+        pack = self.pack_seconds(masks @ self.rows)
         cold = ~masks
         load, touched = cold.astype(float) @ self.load, cold.astype(float) @ self.touched   # [cand, chunks]
         cold_s = self.cold_seconds(np.rint(load), np.rint(touched))
@@ -120,8 +128,10 @@ def candidate_masks(case: LayerCase, exhaustive: int = EXHAUSTIVE_GROUPS,
     size) class the most loaded first, every combination of prefix lengths. Row 0 is none, row 1 all resident."""
     n = len(case.groups)
     if n <= exhaustive:
-        rest = [m for m in itertools.product((False, True), repeat=n) if 0 < sum(m) < n]
-        return np.array([[False] * n, [True] * n] + rest, dtype=bool).reshape(-1, n)
+        # itertools.product((False, True), repeat=n) as bits (the first group varies slowest), in its order
+        every = (np.arange(2 ** n)[:, None] >> np.arange(n - 1, -1, -1)[None, :]) & 1 == 1
+        k = every.sum(1)
+        return np.concatenate([np.zeros((1, n), bool), np.ones((1, n), bool), every[(k > 0) & (k < n)]])
     counts = np.asarray(case.counts, dtype=np.float64)
     load = [float(counts[list(e)].sum()) for e, _ in case.groups]
     classes: dict = {}
@@ -135,16 +145,15 @@ def candidate_masks(case: LayerCase, exhaustive: int = EXHAUSTIVE_GROUPS,
         steps[j] = sorted(set(s[::2]) | {s[-1]})
         if len(steps[j]) == len(s):
             break
-    rows = []
-    for lengths in itertools.product(*steps):
-        m = np.zeros(n, dtype=bool)
-        for ix, k in zip(members, lengths):
-            m[ix[:k]] = True
-        rows.append(m)
-    rows.sort(key=lambda m: (m.any(), m.all()))       # none first ...
-    none, full = rows[0], rows[-1]
-    mid = [m for m in rows if m.any() and not m.all()]
-    return np.array([none, full] + mid, dtype=bool).reshape(-1, n)
+    lengths = np.array(list(itertools.product(*steps)), dtype=np.int64).reshape(-1, len(steps))
+    rows = np.zeros((len(lengths), n), dtype=bool)
+    for j, ix in enumerate(members):          # class j's first lengths[:, j] members (most loaded first) resident
+        rows[:, ix] = np.arange(len(ix))[None, :] < lengths[:, j, None]
+    some, every = rows.any(1), rows.all(1)
+    order = np.argsort(2 * some + every, kind="stable")       # none first, then the mixed sets, all last
+    rows = rows[order]
+    mid = rows[some[order] & ~every[order]]
+    return np.concatenate([rows[:1], rows[-1:], mid]).reshape(-1, n)
 
 
 def choose_resident(case: LayerCase, platform, exhaustive: int = EXHAUSTIVE_GROUPS) -> tuple[list[bool], float]:
@@ -155,7 +164,9 @@ def choose_resident(case: LayerCase, platform, exhaustive: int = EXHAUSTIVE_GROU
     model = LayerMakespan(case, platform)
     masks = candidate_masks(case, exhaustive)
     spans = model.many(masks)
-    best = min(range(len(masks)), key=lambda i: (round(spans[i], 15), int(masks[i].sum()), i))
+    # the tie rule on the few candidates within rounding of the minimum (round is monotone: no other can tie)
+    near = np.flatnonzero(spans <= spans.min() + 1e-14 + 1e-15 * abs(spans.min()))
+    best = min(near.tolist(), key=lambda i: (round(spans[i], 15), int(masks[i].sum()), i))
     return [bool(x) for x in masks[best]], float(spans[best])
 
 

@@ -26,7 +26,7 @@ from npumoe_lab.planning.layout import ExecutionLayout, LayerLayout, check_model
 from npumoe_lab.models import describe, model_fingerprint
 from npumoe_lab.planning.makespan import LayerCase, LayerMakespan, fit_program_budget
 from npumoe_lab.planning.residency import assign_residency, fit_budget
-from npumoe_lab.core.saliency import check_rule
+from npumoe_lab.core.saliency_rules import check_rule
 from npumoe_lab.planning.tiers import assign_tiers, expected_drop_rate, expected_kept_tokens, expected_padding
 from npumoe_lab.utils import sha256_json
 from npumoe_lab.planning.variants import get_variant

@@ -45,7 +45,8 @@ def replay_prefill(geometry: ModelGeometry, executor: PlanExecutor | None, confi
             if shared and geometry.shared_first:
                 clock.record(geometry.shared_op(layer, ctx, role), 0.0)
             clock.record(geometry.router_op(layer, ctx), 0.0)
-            idx, w, norms = routing[c][layer]
+            # the engine's numerics take tensors; sampled routing is NumPy (as_tensor shares its memory)
+            idx, w, norms = (None if x is None else torch.as_tensor(x) for x in routing[c][layer])
             if executor is None:
                 cost = dynamic_experts_cost(idx, torch.ones_like(idx, dtype=torch.bool), spec.hidden,
                                             spec.intermediate, ctx.dtype_bytes)

@@ -22,7 +22,8 @@
 
 Per chunk, routing is sampled token by token: K distinct experts per token drawn in proportion to the chunk's
 popularity (Gumbel top-k), so drop and padding rates are real consequences of a plan's capacities against each
-chunk's counts. Synthetic routing carries no hidden-state norms (norms = 1: saliency reduces to the router weight).
+chunk's counts. Synthetic routing carries no hidden-state norms (norms = 1: saliency reduces to the router weight). Sampled chunks
+are NumPy arrays (the array path needs no torch; the per-op replay converts them).
 """
 from __future__ import annotations
 
@@ -32,11 +33,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
 from npumoe_lab.planning.profile import CalibrationProfile
 from npumoe_lab.errors import NpuMoeError
-from npumoe_lab.models import load_model
 from npumoe_lab.sim.textlike import (WORKLOAD_NAMES, check_concentration, dirichlet, load_defaults, mix_names,
                                      tv_overlap)
 
@@ -62,27 +61,40 @@ def stretch(shares, n: int) -> np.ndarray:
     return out / out.sum()
 
 
-def sample_routing(shares, T: int, K: int, rng: np.random.Generator, perm=None):
-    """(top_k_index [T, K] int64, top_k_weights [T, K] float32): K distinct experts per token drawn ~ shares
-    (Gumbel top-k = sampling without replacement in proportion to the shares), weights = softmax over the drawn
-    scores (renormalised top-k, as Qwen3 routes), highest first. `perm[r]` = the expert id of share rank r, so hot
-    experts are not simply the lowest ids. NumPy: thousands of small draws per simulation, no thread-pool cost."""
+def sample_routing_np(shares, T: int, K: int, rng: np.random.Generator, perm=None):
+    """(top_k_index [T, K] int64, top_k_weights [T, K] float32) as NumPy arrays: K distinct experts per token drawn
+    ~ shares (Gumbel top-k = sampling without replacement in proportion to the shares), weights = softmax over the
+    drawn scores (renormalised top-k, as Qwen3 routes), highest first. `perm[r]` = the expert id of share rank r, so
+    hot experts are not simply the lowest ids. NumPy: thousands of small draws per simulation, no thread-pool cost."""
     logp = np.log(np.maximum(np.asarray(shares, dtype=np.float64), 1e-30)).astype(np.float32)
     if perm is not None:
         logp = logp[np.argsort(perm)]
     u = rng.random((T, len(logp)), dtype=np.float32)
-    scores = logp - np.log(-np.log(np.maximum(u, np.float32(1e-30))))     # + Gumbel(0, 1) noise
-    idx = np.argpartition(-scores, K - 1, axis=1)[:, :K]
-    v = np.take_along_axis(scores, idx, 1)
-    order = np.argsort(-v, axis=1, kind="stable")
-    idx, v = np.take_along_axis(idx, order, 1), np.take_along_axis(v, order, 1)
-    w = np.exp(v - v[:, :1])
-    return torch.from_numpy(idx.astype(np.int64)), torch.from_numpy((w / w.sum(1, keepdims=True)).astype(np.float32))
+    # neg = -(logp + Gumbel(0, 1) noise) = log(-log u) - logp, in place (the same float32 values as negating the
+    # scores: IEEE negation is exact): the K smallest are the K drawn experts
+    neg = np.maximum(u, np.float32(1e-30), out=u)
+    np.log(neg, out=neg)
+    np.negative(neg, out=neg)
+    np.log(neg, out=neg)
+    np.subtract(neg, logp, out=neg)
+    idx = np.argpartition(neg, K - 1, axis=1)[:, :K]
+    nv = np.take_along_axis(neg, idx, 1)
+    order = np.argsort(nv, axis=1, kind="stable")
+    idx, nv = np.take_along_axis(idx, order, 1), np.take_along_axis(nv, order, 1)
+    w = np.exp(nv[:, :1] - nv)                      # = exp(v - v_max) of the scores v = -nv
+    return idx.astype(np.int64), (w / w.sum(1, keepdims=True)).astype(np.float32)
+
+
+def sample_routing(shares, T: int, K: int, rng: np.random.Generator, perm=None):
+    """sample_routing_np as torch tensors (what the engine's numerics take: bench/moe_layer.py, tests)."""
+    import torch      # lazy: a simulation samples in NumPy and never needs torch
+    idx, w = sample_routing_np(shares, T, K, rng, perm)
+    return torch.from_numpy(idx), torch.from_numpy(w)
 
 
 def sampled_gini(shares, K: int, tokens: int = 4096, seed: int = 0) -> float:
-    idx, _ = sample_routing(shares, tokens, K, np.random.default_rng(seed))
-    return gini(np.bincount(idx.reshape(-1).numpy(), minlength=len(shares)))
+    idx, _ = sample_routing_np(shares, tokens, K, np.random.default_rng(seed))
+    return gini(np.bincount(idx.reshape(-1), minlength=len(shares)))
 
 
 def zipf_shares(E: int, s: float) -> np.ndarray:
@@ -128,6 +140,7 @@ class PopularityRouting:
     calib_records: dict | None = None            # layer -> [n, E] recorded per-chunk popularity for calibration
     _gini: dict = field(default_factory=dict, repr=False)       # layer -> Gini of the last sampled run's counts
     _profiles: dict = field(default_factory=dict, repr=False)   # (chunk, seed) -> sampled calibration profile
+    _sampled: dict = field(default_factory=dict, repr=False)    # the last run draws: (generator, doc, chunks, counts)
 
     def gini(self) -> float:
         """Mean over layers of the Gini of the run's sampled per-expert counts (what the simulation sees); before
@@ -137,24 +150,37 @@ class PopularityRouting:
         return float(np.mean([self._gini[layer] for layer in sorted(self._gini)]))
 
     def chunks(self, specs, prompt_len: int, chunk: int, seed: int = 0):
-        """[chunk index] -> {layer: (top_k_index [chunk, K], top_k_weights [chunk, K], norms [chunk])}."""
-        g = np.random.default_rng(seed + 1)
-        out, counts = [], {s.layer: np.zeros(s.n_experts) for s in specs}
-        doc = {s.layer: dirichlet(self.run[s.layer], self.doc_concentration, g) for s in specs}  # one document
-        for c in range(math.ceil(prompt_len / chunk)):
-            per_layer = {}
+        """[chunk index] -> {layer: (top_k_index [chunk, K] int64, top_k_weights [chunk, K] float32, norms [chunk])}
+        (NumPy arrays). One document's popularity is drawn first, then the chunks in order from one generator, so a
+        shorter prompt's chunks are a longer one's first chunks: the last draw is kept and extended (a grid of
+        prompt lengths samples the longest once; tests/sim/test_simulate.py holds it equal to a fresh draw)."""
+        key = (tuple(s.layer for s in specs), chunk, seed)
+        kept = self._sampled.get(key)
+        if kept is None:
+            if len(self._sampled) >= 4:          # the last few draws (one per chunk size of a grid), bounded
+                self._sampled.pop(next(iter(self._sampled)))
+            g = np.random.default_rng(seed + 1)
+            doc = {s.layer: dirichlet(self.run[s.layer], self.doc_concentration, g) for s in specs}  # one document
+            kept = self._sampled[key] = (g, doc, [], [])
+        g, doc, out, per_chunk = kept
+        n = math.ceil(prompt_len / chunk)
+        norms = np.ones(chunk, dtype=np.float32)
+        for c in range(len(out), n):
+            per_layer, counts = {}, {}
             for s in specs:
                 if self.run_records is not None:
                     rec = self.run_records[s.layer]
                     shares = rec[c % len(rec)]
                 else:
                     shares = dirichlet(doc[s.layer], self.concentration, g)
-                idx, w = sample_routing(shares, chunk, s.top_k, g)
-                per_layer[s.layer] = (idx, w, torch.ones(chunk))
-                counts[s.layer] += np.bincount(idx.reshape(-1).numpy(), minlength=s.n_experts)
+                idx, w = sample_routing_np(shares, chunk, s.top_k, g)
+                per_layer[s.layer] = (idx, w, norms)
+                counts[s.layer] = np.bincount(idx.reshape(-1), minlength=s.n_experts)
             out.append(per_layer)
-        self._gini = {layer: gini(c) for layer, c in counts.items()}
-        return out
+            per_chunk.append(counts)
+        self._gini = {s.layer: gini(np.sum([cc[s.layer] for cc in per_chunk[:n]], axis=0, dtype=float))
+                      for s in specs}
+        return out[:n]
 
     def calibration_profile(self, specs, chunk: int, seed: int = 0) -> CalibrationProfile:
         """The profile plans are built from: the real one at its own chunk, else chunks sampled from the
@@ -171,7 +197,7 @@ class PopularityRouting:
         for s in specs:
             m = np.zeros((s.n_experts, n_chunks), dtype=np.int64)
             if not varied:       # one popularity for every chunk: all tokens in one draw
-                idx = sample_routing(self.calibration[s.layer], chunk * n_chunks, s.top_k, g)[0].numpy()
+                idx = sample_routing_np(self.calibration[s.layer], chunk * n_chunks, s.top_k, g)[0]
                 chunk_of = np.repeat(np.arange(n_chunks), chunk * s.top_k)
                 np.add.at(m, (idx.reshape(-1), chunk_of), 1)
             for j in range(n_chunks if varied else 0):
@@ -184,13 +210,14 @@ class PopularityRouting:
                             self.calibration[s.layer][None]
                         doc = dirichlet(src[(j // CALIBRATION_DOC_CHUNKS) % len(src)], self.doc_concentration, g)
                     shares = dirichlet(doc, self.concentration, g)
-                idx = sample_routing(shares, chunk, s.top_k, g)[0].numpy()
+                idx = sample_routing_np(shares, chunk, s.top_k, g)[0]
                 m[:, j] = np.bincount(idx.reshape(-1), minlength=s.n_experts)
             matrices[s.layer] = m
-            rows.append(pd.DataFrame({"layer": s.layer, "expert": np.repeat(np.arange(s.n_experts), m.shape[1]),
-                                      "chunk_id": np.tile(np.arange(m.shape[1]), s.n_experts),
-                                      "count": m.reshape(-1)}))
-        counts = pd.concat(rows, ignore_index=True)
+            rows.append((np.full(m.size, s.layer, dtype=np.int64), np.repeat(np.arange(s.n_experts), m.shape[1]),
+                         np.tile(np.arange(m.shape[1]), s.n_experts), m.reshape(-1)))
+        # one frame from the layers' columns (a frame per layer and a concat cost ~0.4 s of a paper grid)
+        counts = pd.DataFrame({name: np.concatenate([r[i] for r in rows])
+                               for i, name in enumerate(("layer", "expert", "chunk_id", "count"))})
         stats = counts.groupby(["layer", "expert"], as_index=False)["count"].sum()
         stats = stats.assign(weight_sum=0.0, weight_sq_sum=0.0, norm_sum=0.0)
         meta = {"model_fingerprint": "simulated", "model": "simulated", "workload": self.label, "chunk": chunk,
@@ -402,7 +429,9 @@ def from_profile(specs, path, run=None, workload_overlap: float | None = None, s
 
 def stretched_tiny(specs, seed: int = 0) -> PopularityRouting:
     """The bundled model's calibrated popularity (mixed text, chunk 256, 4096 tokens) stretched to E experts."""
-    from npumoe_lab.execution.calibrate import calibration_profile  # lazy: loads the bundled model only for this source
+    # lazy: calibrating loads torch and the bundled model, only for this source
+    from npumoe_lab.execution.calibrate import calibration_profile
+    from npumoe_lab.models import load_model
     model, tok = load_model("tiny")
     prof = calibration_profile(model, tok, "mixed", 256, 4096, seed)
     rng = np.random.default_rng(seed)

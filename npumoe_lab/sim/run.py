@@ -23,25 +23,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from npumoe_lab.devices import as_platform
 from npumoe_lab.results.store import knob_columns, write_rows, write_timeline
-from npumoe_lab.execution.engine import PlanExecutor
+from npumoe_lab.execution.config import PrefillConfig, check_context, check_lengths
 from npumoe_lab.execution.footprint import plan_columns
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.planning.knobs import PlanKnobs
 from npumoe_lab.planning.layout import ExecutionLayout
 from npumoe_lab.planning.plan import variant_plan
-from npumoe_lab.execution.runtime import PrefillConfig, check_context, check_lengths
 from npumoe_lab.execution.timeline import to_frame
 from npumoe_lab.utils import progress, provenance
 from npumoe_lab.planning.variants import parse_variants
 from npumoe_lab.sim.geometries import load_geometry
 from npumoe_lab.sim.array_replay import interval_columns, stream_metrics, summarize_stream
 from npumoe_lab.sim.pricing import array_priced, draws_source, parameter_draws
-from npumoe_lab.sim.replay import replay_prefill
-from npumoe_lab.sim.stream import build_stream, routing_counts
+from npumoe_lab.sim.stream import StreamExecutor, build_stream, routing_counts
 from npumoe_lab.sim.routing import parse_routing
 
 WEIGHT_FORMATS = {"fp16": {}, "int8": {"npu_weight_bytes": "int8"}}   # -> platform override of the NPU's weights
@@ -65,14 +62,24 @@ def _list(value, cast=str) -> list:
         raise NpuMoeError(f"{value!r} is not a comma list of {cast.__name__}s") from None
 
 
-def variant_executor(variant, specs, profile, platform, knobs: dict, memo: dict | None = None):
+def _executor(layout, engine: str, **options):
+    """The per-op engine's PlanExecutor ("ops"), or for the array path the StreamExecutor holding what an op stream
+    reads of it (no torch: the simulate command imports neither torch nor transformers)."""
+    if engine == "array":
+        return StreamExecutor(layout, **options)
+    from npumoe_lab.execution.engine import PlanExecutor    # lazy: torch, for the per-op replay only
+    return PlanExecutor(layout, [], **options)
+
+
+def variant_executor(variant, specs, profile, platform, knobs: dict, memo: dict | None = None, engine: str = "ops"):
     """(executor or None for HF's experts, plan or None) of a variant, built exactly as `run` builds it. `memo`:
     a dict shared by the calls of one simulation, so that variants whose plans are the same (npumoe and
-    npumoe-spill: they differ in the executor only) build and compile it once."""
+    npumoe-spill: they differ in the executor only) build and compile it once. `engine` "ops": a PlanExecutor
+    (replay_prefill), "array": a StreamExecutor (build_stream only)."""
     if variant.experts == "hf":
         return None, None
     if variant.experts == "dynamic":
-        return PlanExecutor(_dropless(tuple(specs)), [], cold="dynamic"), None
+        return _executor(_dropless(tuple(specs)), engine, cold="dynamic"), None
     given = PlanKnobs.given(knobs)
     key = (id(profile), id(platform), tuple(sorted({**given, **variant.plan_overrides}.items(), key=str)))
     if memo is None or key not in memo:
@@ -81,7 +88,7 @@ def variant_executor(variant, specs, profile, platform, knobs: dict, memo: dict 
         if memo is not None:
             memo[key] = built
     plan, layout = memo[key] if memo is not None else built
-    return PlanExecutor(layout, [], spill=variant.spill), plan
+    return _executor(layout, engine, spill=variant.spill), plan
 
 
 def _routing_source(routing, specs: tuple, seed: int):
@@ -103,11 +110,11 @@ def _dropless(specs: tuple) -> ExecutionLayout:
     return ExecutionLayout.dropless(specs)
 
 
-def _by_layout(variant, specs, profile, plats, knobs, memo=None) -> list:
+def _by_layout(variant, specs, profile, plats, knobs, memo=None, engine="ops") -> list:
     """[(executor, [(platform, plan), ...]), ...]: one executor per distinct layout of the variant's plans."""
     groups = {}
     for plat in plats:
-        executor, plan = variant_executor(variant, specs, profile, plat, knobs, memo)
+        executor, plan = variant_executor(variant, specs, profile, plat, knobs, memo, engine)
         # one op stream for platforms with the same layout and the same stored NPU weight size (op bytes follow it)
         key = (executor.layout.layers if executor is not None else None, getattr(plat.npu, "weight_bytes", None))
         groups.setdefault(key, (executor, []))[1].append((plat, plan))
@@ -180,7 +187,7 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
         raise NpuMoeError(f"--draws {draws!r}: give a whole number of parameter draws >= 0 (0: no interval)")
     if weights not in WEIGHT_FORMATS:
         raise NpuMoeError(f"--weights {weights!r}: use one of {', '.join(WEIGHT_FORMATS)}")
-    geos = [load_geometry(g) for g in _list(geometry)]
+    geos = [load_geometry(g, hf_config=False) for g in _list(geometry)]
     plats = [as_platform(p, **WEIGHT_FORMATS[weights]) for p in
              (platforms if isinstance(platforms, (list, tuple)) else _list(platforms))]
     for p in plats:
@@ -199,8 +206,12 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
     drawn = {id(p): parameter_draws(p, draws, seed) for p in plats} if draws else {}
     extra = lambda p: dict(interval_draws=draws, interval_source=draws_source(p)) if draws else {}   # noqa: E731
     prov = provenance()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)      # thousands of tiny routing ops: a thread pool only adds hand-off cost
+    if engine == "ops":
+        # lazy: torch, for the per-op replay only (the array path imports neither torch nor transformers)
+        import torch
+        from npumoe_lab.sim.replay import replay_prefill
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)      # thousands of tiny routing ops: a thread pool only adds hand-off cost
     bar = progress(total=len(geos) * len(chunks) * len(prompts) * len(plats) * len(vlist), desc="simulate")
     try:
         for name, _, geo in geos:
@@ -209,7 +220,7 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
                 profile = src.calibration_profile(specs, c, seed)
                 # per variant: platforms whose plans have the same layout share one op stream, priced on each
                 memo = {}
-                built = {v.name: _by_layout(v, specs, profile, plats, plan_knobs, memo) for v in vlist}
+                built = {v.name: _by_layout(v, specs, profile, plats, plan_knobs, memo, engine) for v in vlist}
                 for t in prompts:
                     routed = src.chunks(specs, t, c, seed)
                     counts = routing_counts(routed, specs, t, c) if engine == "array" or draws else None
@@ -239,4 +250,5 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
                                            prov, plan_knobs, fp), res
     finally:
         bar.close()
-        torch.set_num_threads(threads)
+        if engine == "ops":
+            torch.set_num_threads(threads)

@@ -36,6 +36,15 @@ _FLOAT = ("flops", "bytes", "weight_bytes", "attn_flops")
 
 
 @dataclass
+class StreamExecutor:
+    """What `build_stream` reads of a PlanExecutor (its compiled layout, cold-expert mode and spill), without the
+    engine's numerics (torch): the array path's executor. A PlanExecutor serves as well (the tests pass one)."""
+    layout: object                   # planning.layout.ExecutionLayout
+    spill: bool = False
+    cold: str = "dynamic"
+
+
+@dataclass
 class RoutingCounts:
     """Per-(chunk, MoE layer) expert counts of a sampled routing: `real` over the chunk's real tokens (what the
     plan executor dispatches), `touched` = experts any token of the chunk (padding included) routes to (HF's own
@@ -353,5 +362,5 @@ def _dynamic_columns(cols, s, loads, n_exp, H, I, db, layer, kind) -> None:
     cols["dep"][:, s] = BRANCH if kind == "experts_dynamic" else CHAIN
 
 
-__all__ = ["OpStream", "RoutingCounts", "routing_counts", "build_stream", "stream_from_ops", "COLUMNS", "KIND", "NPU", "CPU",
+__all__ = ["OpStream", "RoutingCounts", "StreamExecutor", "routing_counts", "build_stream", "stream_from_ops", "COLUMNS", "KIND", "NPU", "CPU",
            "CHAIN", "BRANCH", "JOIN"]

@@ -59,6 +59,7 @@ def plot_ablation(df: pd.DataFrame):
     ncols = min(len(facets), 2)
     nrows = -(-len(facets) // ncols)
     fig, axes = pk.figure(nrows, ncols, 3.4, 2.4)
+    labels = []                                         # per panel: the drop-rate labels, placed once laid out
     for i, (title, sub) in enumerate(facets):
         ax = axes[i // ncols][i % ncols]
         st = pk.stats(sub, "ttft_s")
@@ -70,19 +71,46 @@ def plot_ablation(df: pd.DataFrame):
         order = pk.variant_order(st["variant"])
         if i % ncols:
             ax.set_yticklabels([""] * len(order))      # the row's first panel names the variants
-        same = _equal_steps(sub)
-        for y, v in enumerate(order):                  # each step's drop rate, at the foot of its bar
-            if v in (drops := _drop_rates(sub)):
-                ax.annotate(f"drop {100 * drops[v]:.1f}%" + (f"  (= {same[v]}: no speedup of its own)"
-                                                             if v in same else ""),
-                            (0, y), xytext=(2, 0), textcoords="offset points", va="center", fontsize=5,
-                            color="tab:red" if v in same else "0.15")
+        same, drops = _equal_steps(sub), _drop_rates(sub)
+        ends = st.set_index("variant")[["median", "hi"]].max(axis=1)
+        labels.append((ax, [(y, f"drop {100 * drops[v]:.1f}%" + (f"  (= {same[v]}: no speedup of its own)"
+                                                                   if v in same else ""),
+                             "tab:red" if v in same else "0.15", float(ends[v]), PAPER_ABLATION[v])
+                            for y, v in enumerate(order) if v in drops]))
         ax.scatter([PAPER_ABLATION[v] for v in order], range(len(order)), marker="|", s=120, linewidths=2,
                    color="black", zorder=4)
         ax.axvline(1.0, color="0.5", lw=0.8, ls=":")
     for j in range(len(facets), nrows * ncols):
         axes[j // ncols][j % ncols].set_visible(False)
+    _place_drop_labels(fig, labels)
     return fig
+
+
+def _place_drop_labels(fig, labels) -> None:
+    """Each step's drop-rate label where it overlaps neither its bar's end nor the paper's tick: right of both when
+    it fits in the panel, else inside the bar at its foot, or (a tick there) just right of the tick. Measured on
+    the figure as laid out (the ticks are black marks on the bars: a label under one is unreadable)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    if not labels:
+        return
+    canvas = FigureCanvasAgg(fig)
+    fig.draw_without_rendering()                  # the constrained layout as it will be saved
+    renderer, pad, half = canvas.get_renderer(), 4 * fig.dpi / 72, 2 * fig.dpi / 72   # 4 pt gap, half a tick
+    for ax, rows in labels:
+        box, to_px = ax.get_window_extent(renderer), ax.transData.transform
+        for y, text, color, end, tick in rows:
+            t = ax.text(0, y, text, va="center", ha="left", fontsize=5, color=color, zorder=5)
+            width = t.get_window_extent(renderer).width
+            tick_px = to_px((tick, y))[0]
+            beyond = max(to_px((end, y))[0], tick_px + half) + pad
+            foot = to_px((0, y))[0] + pad
+            if beyond + width <= box.x1 - pad:
+                x = beyond
+            elif foot + width + pad <= tick_px - half or foot >= tick_px + half + pad:
+                x = foot
+            else:
+                x = tick_px + half + pad
+            t.set_x(ax.transData.inverted().transform((x, 0))[0])
 
 
 def _equal_steps(sub: pd.DataFrame) -> dict:

@@ -26,7 +26,7 @@ class SameRouting:
         rows = []
         for c, per in enumerate(self.routed):
             for s in specs:
-                n = np.bincount(per[s.layer][0].reshape(-1).numpy(), minlength=s.n_experts)
+                n = np.bincount(np.asarray(per[s.layer][0]).reshape(-1), minlength=s.n_experts)
                 rows += [dict(layer=s.layer, expert=e, chunk_id=c, count=int(n[e])) for e in range(s.n_experts)]
         counts = pd.DataFrame(rows)
         stats = counts.groupby(["layer", "expert"], as_index=False)["count"].sum().assign(
@@ -56,7 +56,7 @@ def test_never_slower_than_npumoe_tg_or_anemll_on_its_routing(geometry, chunk, m
     geo = _short(geometry)
     specs = list(geo.moe)
     src = SameRouting(parse_routing("synthetic:gini=0.6", specs), specs, 2 * chunk, chunk)
-    monkeypatch.setattr("npumoe_lab.sim.run.load_geometry", lambda g: (geometry, None, geo))
+    monkeypatch.setattr("npumoe_lab.sim.run.load_geometry", lambda g, hf_config=True: (geometry, None, geo))
     plats = [get_platform("m2-max"), get_platform("m2-ultra"), get_platform("m2-max", npu_throughput_curve="flat"),
              get_platform("m2-max", cpu_throughput_flops="sgemm_512"), get_platform("m4-max")]
     df = simulate(geometry, src, plats, "npumoe,npumoe-tg,anemll", 2 * chunk, chunk)

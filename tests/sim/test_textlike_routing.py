@@ -23,7 +23,7 @@ def test_chunk_dispersion_follows_the_dirichlet_multinomial():
     for conc in (0.5, 4.0, None):
         src = synthetic(SPECS, zipf=0.8, seed=1, concentration=conc)
         routed = src.chunks(SPECS, n * 400, n, seed=2)
-        counts = np.stack([np.bincount(c[0][0].reshape(-1).numpy(), minlength=E) for c in routed], axis=1)
+        counts = np.stack([np.bincount(np.asarray(c[0][0]).reshape(-1), minlength=E) for c in routed], axis=1)
         p = src.run[0]
         A = np.inf if conc is None else conc * E
         want = (1 - (p ** 2).sum()) * ((n + A) / (1 + A) if conc else 1.0)

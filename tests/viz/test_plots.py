@@ -201,3 +201,36 @@ def test_missing_columns_raise_clear_errors(tmp_path):
     write_rows(df, tmp_path)
     with pytest.raises(NpuMoeError, match="no figure can be made"):
         plots.make_all_figures(tmp_path, tmp_path / "figs", log=lambda _: None)
+
+
+def test_ablation_drop_labels_clear_the_paper_ticks():
+    """Short bars (npumoe-base, npumoe-t at ~1x) used to carry their "drop x %" label under the paper's tick at
+    1.00 / 1.48 (issue 30). Reference: the laid-out figure's own geometry: no label's box holds a tick mark,
+    and every label stays inside its panel."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from npumoe_lab.sim.run import simulate
+    rows = simulate(geometry="phi-tiny-moe", variants="npumoe-base,npumoe-t,npumoe-tg,npumoe",
+                    platforms="m2-max,m2-ultra", prompt_len=512, chunk=256)
+    speedup = {"m2-max": dict(zip(plots.PAPER_ABLATION, (1.0, 1.04, 4.74, 11.26))),    # README's modeled M2 Max
+               "m2-ultra": dict(zip(plots.PAPER_ABLATION, (1.0, 1.24, 1.75, 1.46)))}   # its measured cpu shape
+    rows["ttft_s"] = [1.0 / speedup[p][v] for p, v in zip(rows["platform"], rows["variant"])]
+    rows["drop_rate"] = 0.0123
+    fig = plots.plot_ablation(rows)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw_without_rendering()
+    checked = 0
+    for ax in fig.axes:
+        labels = [t for t in ax.texts if t.get_text().startswith("drop ")]
+        if not labels:
+            continue
+        ticks = ax.transData.transform(ax.collections[-1].get_offsets())
+        box = ax.get_window_extent(renderer)
+        half_w, half_h = 2 * fig.dpi / 72, 6 * fig.dpi / 72        # the '|' marker: 2 pt wide, ~11 pt tall
+        for t in labels:
+            b = t.get_window_extent(renderer)
+            assert box.x0 <= b.x0 and b.x1 <= box.x1, (t.get_text(), b, box)
+            for x, y in ticks:
+                assert not (b.x0 < x + half_w and x - half_w < b.x1 and b.y0 < y + half_h and y - half_h < b.y1), \
+                    f"label {t.get_text()!r} of panel {ax.get_title()!r} sits on the paper tick at x={x:.0f} px"
+            checked += 1
+    assert checked == 8
