@@ -22,8 +22,10 @@ per-draw log-noise scale under one of NOISE_FIELDS (a list with one sigma per po
 drawn parameter set gets a factor exp(sigma * z), z ~ N(0, 1) seeded, that multiplies the modeled seconds of every
 op of that draw (`noise_factor`, applied by price_stream). One factor per draw, not per op: the model's error on a
 configuration is systematic (the same structure misprices similar ops alike), and independent per-op noise would
-average away over a stream's thousands of ops and understate it. Default: none (no such field: parameter
-uncertainty only). fit-device's `sigma_log` (the likelihood's noise on the fit rows, which validate-device adds per
+average away over a stream's thousands of ops and understate it. fit-device writes `transfer_sigma_log` (devices/
+fit.py: leave-one-group-out cross-validation on fit rows only), the same error validate-device adds to whole-model
+rows, so a fitted platform's intervals are predictive by default; without such a field (sourced platforms, older
+fits): parameter uncertainty only. fit-device's `sigma_log` (the likelihood's noise on the fit rows, which validate-device adds per
 row) is not read by default; `parameter_draws(..., noise="fit")` uses it.
 
 On a fitted platform the parameters fit-device did not fit (the posterior has no column for them: e.g. the Core
@@ -55,7 +57,10 @@ FIXED = {"cpu": ("cores",)}
 SPREAD = {"M": 1.25, "L": 2.0}       # prior half-width (a factor) of an M / L parameter without alternatives
 INTERVAL = (5.0, 95.0)               # the 90 % interval's percentiles
 GRAPH_DRAWN = ("graph_peak_flops", "work_half_flops", "rows_half", "attention_flops", "decompress_params_s")
-NOISE_FIELDS = ("predictive_sigma_log", "noise_sigma_log")   # posterior keys of a per-draw predictive log-noise
+# posterior keys of a per-draw predictive log-noise, first found wins; fit-device writes transfer_sigma_log (the
+# cross-validated error on work whose kind the fit rows lack: a whole prefill is such work, as validate-device prices
+# its model_forward rows)
+NOISE_FIELDS = ("predictive_sigma_log", "noise_sigma_log", "transfer_sigma_log")
 NOISE_MODES = ("auto", "none", "fit")  # auto: a NOISE_FIELDS entry when present; fit: also fit-device's sigma_log
 
 

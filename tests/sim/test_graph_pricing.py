@@ -130,7 +130,10 @@ def test_the_fits_posterior_moves_graph_parameters():
     rows = np.asarray(plat.posterior["draws"], float)
     j = names.index("npu_work_half_flops")
     assert set(np.round(d["npu_work_half_flops"], 6)) <= set(np.round(rows[:, j], 6))
-    assert "noise_factor" not in d                  # no predictive-noise field in the fit: parameter draws only
+    # fit-device's transfer sigma (cross-validated on fit rows) is the fit's predictive noise: one factor per draw
+    sigma = float(plat.posterior["transfer_sigma_log"])
+    assert sigma > 0 and np.std(np.log(d["noise_factor"])) == pytest.approx(sigma, rel=0.15)
+    assert "noise_factor" not in parameter_draws(plat, 300, seed=0, noise="none")
 
 
 def test_predictive_noise_hook_widens_the_interval_by_one_factor_per_draw():
@@ -138,7 +141,7 @@ def test_predictive_noise_hook_widens_the_interval_by_one_factor_per_draw():
     stream, _ = _stream(plat)
     n_post = len(plat.posterior["draws"])
     noisy = dataclasses.replace(plat, posterior={**plat.posterior, "predictive_sigma_log": [0.3] * n_post})
-    base, with_noise = parameter_draws(plat, 300, seed=4), parameter_draws(noisy, 300, seed=4)
+    base, with_noise = parameter_draws(plat, 300, seed=4, noise="none"), parameter_draws(noisy, 300, seed=4)
     for k, v in base.items():              # the same parameter draws (noise drawn after them)
         if not k.endswith("_throughput_curve"):
             np.testing.assert_array_equal(v, with_noise[k])
