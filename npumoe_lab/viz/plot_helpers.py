@@ -226,6 +226,23 @@ def stats(df, metric) -> pd.DataFrame:
     return st
 
 
+def with_interval(st, df, metric) -> pd.DataFrame:
+    """`st` (stats) with lo / hi = the rows' 90 % interval over parameter draws (`{metric}_lo/_hi`, modeled rows)
+    when every configuration is one value (no repeats to take an IQR over) and every row has its interval;
+    attrs['whiskers'] says what the whiskers are. Otherwise `st` unchanged (IQR over repeats)."""
+    lo, hi = f"{metric}_lo", f"{metric}_hi"
+    if lo not in df.columns or hi not in df.columns or (st["n"] > 1).any():
+        return st
+    d = df.dropna(subset=[metric])
+    if d[[lo, hi]].isna().any().any():
+        return st
+    g = d.groupby(config(df), dropna=False, sort=False)      # the same keys and order as stats()
+    out = st.copy()
+    out["lo"], out["hi"] = g[lo].median().to_numpy(), g[hi].median().to_numpy()
+    out.attrs = {**st.attrs, "whiskers": "whiskers: 90 % interval (parameter draws)"}
+    return out
+
+
 def unit(metric, values) -> tuple[str, float]:
     """(axis label, scale) of a metric for these values: TTFT in ms when every value is below 1 s."""
     label, scale = LABELS.get(metric, (metric, 1.0))
@@ -402,12 +419,12 @@ def hbars(ax, st, metric, title, source=None, xlabel=None, names=True, log=None,
                 bar.set_alpha(0.35)
                 bar.set_hatch(BUSY_HATCH)
                 bar.set_edgecolor("0.3")
-    if (s["n"] > 1).any():
+    if (s["n"] > 1).any() or st.attrs.get("whiskers"):
         err = np.clip([x - s["lo"].to_numpy(dtype=float) * scale, s["hi"].to_numpy(dtype=float) * scale - x], 0, None)
         ax.errorbar(x, y, xerr=err, fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
     ax.set_yticks(y, order if names else [""] * len(order))   # a row of panels names the variants once
     ax.invert_yaxis()
-    ax.set_xlabel(label)
+    ax.set_xlabel(label + (f"\n{st.attrs['whiskers']}" if st.attrs.get("whiskers") else ""))
     if log:       # the column's decision, even where this panel's own values span less
         pos = x[np.isfinite(x) & (x > 0)]
         if len(pos) and (x[np.isfinite(x)] > 0).all():

@@ -27,14 +27,16 @@ PAPER_ABLATION = {"npumoe-base": 1.00, "npumoe-t": 1.48, "npumoe-tg": 2.11, "npu
 @pk.styled
 def plot_baselines(df: pd.DataFrame):
     """Paper main figure: TTFT, energy per token and CPU cycles per variant, one row of panels per platform (and
-    per workload / prompt length / chunk that varies); bars = medians, whiskers = IQR over repeats."""
+    per workload / prompt length / chunk that varies); bars = medians, whiskers = IQR over repeats, or for modeled
+    rows without repeats their 90 % interval over parameter draws (the axis label says which)."""
     metrics = pk.available(df, ("ttft_s", "energy_per_token_mj", "cpu_cycles"), "baselines", need=("variant",))
     facets = pk.facets(pk.default_knobs(df.dropna(subset=metrics, how="all")))
     fig, axes = pk.figure(len(facets), len(metrics), 3.0, 2.2)
     for c, metric in enumerate(metrics):       # one scale per column (a metric), over every facet
         column = pd.concat([pk.stats(sub, metric)["median"] for _, sub in facets if sub[metric].notna().any()])
         for r, (title, sub) in enumerate(facets):    # the unit per panel: a modeled 10 ms reads in ms
-            pk.hbars(axes[r][c], pk.stats(sub, metric), metric, title, names=c == 0, log=pk.wants_log(column))
+            st = pk.with_interval(pk.stats(sub, metric), sub, metric)
+            pk.hbars(axes[r][c], st, metric, title, names=c == 0, log=pk.wants_log(column))
     return fig
 
 

@@ -111,3 +111,25 @@ def test_columns_get_one_scale_and_bars_turn_to_points_on_a_log_column():
     assert {a.get_xscale() for a in axes} == {"log"} and not any(a.containers for a in axes)
     assert audit_figure(fig) == [] and "model m" in fig._suptitle.get_text() and "prompt 256" in fig._suptitle.get_text()
     assert all(a.get_xlabel() == "TTFT (ms)" for a in axes)          # every TTFT below 1 s: milliseconds
+
+
+def test_modeled_bars_carry_their_interval_as_whiskers():
+    """plot_baselines: modeled rows with ttft_s_lo/_hi (one per configuration) get whiskers at exactly that interval
+    and an axis label that says so; without the columns, no whiskers (one value: no IQR)."""
+    import pandas as pd
+    from npumoe_lab.viz.plots import plot_baselines
+    rows = [dict(model="m", workload="w", variant=v, platform="m2-max", prompt_len=256, chunk=128, repeat=0,
+                 ttft_s=t, ttft_s_lo=t * 0.8, ttft_s_hi=t * 1.5, timing_source="modeled")
+            for v, t in (("cpu-only", 0.004), ("npumoe", 0.003))]
+    fig = plot_baselines(pd.DataFrame(rows))
+    ax = [a for a in fig.axes if a.get_visible()][0]
+    assert "90 % interval" in ax.get_xlabel()
+    bars = [c for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
+    assert len(bars) == 1
+    segs = bars[0].lines[2][0].get_segments()           # one horizontal segment per variant, in ms
+    got = sorted((round(s[0][0], 6), round(s[1][0], 6)) for s in segs)
+    assert got == sorted([(3.2, 6.0), (2.4, 4.5)])
+    assert audit_figure(fig) == []
+    plain = plot_baselines(pd.DataFrame(rows).drop(columns=["ttft_s_lo", "ttft_s_hi"]))
+    pa = [a for a in plain.axes if a.get_visible()][0]
+    assert not [c for c in pa.containers if type(c).__name__ == "ErrorbarContainer"] and "interval" not in pa.get_xlabel()
