@@ -38,6 +38,7 @@ seed = 0
 dtype = "auto"                  # model dtype: "auto" (the fast dtype of this CPU), "fp32" or "bf16"
 matched_percentile = 100.0       # the ablation again, capacities at this load percentile of the workload's own text
 matched_platforms = "m2-max"     # modeled: deterministic and cheap (a None percentile skips the rerun)
+draws = 200                      # modeled platforms: parameter draws behind the 90 % interval columns (0: none)
 out_dir = None
 
 # %%
@@ -51,7 +52,7 @@ m = nb.load(model, dtype)
 df = run_experiment(model=m, model_name=nb.model_label(model), workload=workload,
                     variants=variants, platforms=platforms, prompt_len=prompt_len, chunk=chunk,
                     n_samples=n_samples, repeats=repeats, calib_workload=calib_workload,
-                    calib_tokens=calib_tokens, seed=seed, out=out_dir)
+                    calib_tokens=calib_tokens, seed=seed, draws=draws, out=out_dir)
 print(median_table(df, ["variant", "platform", "timing_source", "ttft_s", "ttft_iqr_s", "host_busy",
                         "energy_per_token_mj", "cpu_cycles", "n_npu_calls", "drop_rate", "pad_rate", "score",
                         "top1_agree"]))
@@ -73,7 +74,7 @@ if matched_percentile is not None and "npumoe-base" in steps and len(steps) > 1:
     matched = run_experiment(model=m, model_name=nb.model_label(model), workload=workload,
                              variants=",".join(steps), platforms=matched_platforms, prompt_len=prompt_len,
                              chunk=chunk, n_samples=n_samples, repeats=repeats, calib_workload=workload,
-                             calib_tokens=calib_tokens, seed=seed, out=out_dir, percentile=matched_percentile)
+                             calib_tokens=calib_tokens, seed=seed, draws=draws, out=out_dir, percentile=matched_percentile)
     print(f"matched (percentile {matched_percentile:g}):\n" + ablation_report(matched))
 
 # %%
