@@ -294,23 +294,18 @@ def fitted_yaml(platform, res: FitResult, today: str) -> dict:
         role, _, key = knob.partition("_")
         entry = doc[role][key]
         q5, q50, q95 = (np.percentile(res.draws[:, i], q) for q in (5, 50, 95))
+        interval = f"90 % interval {_sig(q5)}-{_sig(q95)} {entry['unit']}"
         if knob in tnames:
-            entry.update(
-                value=_sig(res.point[i]), confidence="M",
-                source=f"transferred from {src.name} (fit-device {today}: its least-squares point; its posterior "
-                       f"draws paired at random with this fit's)",
-                note=f"was {entry['value']!r} ({entry['source']}); {tnote} 90 % interval {_sig(q5)}-{_sig(q95)} "
-                     f"{entry['unit']}",
-                interval={"p5": _sig(q5), "p50": _sig(q50), "p95": _sig(q95)})
-            continue
-        prior = next(f for f in platform.fit if f["param"] == knob)
-        entry.update(
-            value=_sig(res.point[i]), confidence="M",
-            source=f"fitted on rows [{', '.join(ids)}] (fit-device {today}: least squares on log time; emcee "
-                   f"posterior)",
-            note=f"was {entry['value']!r} ({entry['source']}); 90 % interval {_sig(q5)}-{_sig(q95)} {entry['unit']}; "
-                 f"prior log-uniform [{prior['low']:g}, {prior['high']:g}]",
-            interval={"p5": _sig(q5), "p50": _sig(q50), "p95": _sig(q95)})
+            source = (f"transferred from {src.name} (fit-device {today}: its least-squares point; its posterior "
+                      f"draws paired at random with this fit's)")
+            note = f"{tnote} {interval}"
+        else:
+            prior = next(f for f in platform.fit if f["param"] == knob)
+            source = f"fitted on rows [{', '.join(ids)}] (fit-device {today}: least squares on log time; emcee posterior)"
+            note = f"{interval}; prior log-uniform [{prior['low']:g}, {prior['high']:g}]"
+        entry.update(value=_sig(res.point[i]), confidence="M", source=source,
+                     note=f"was {entry['value']!r} ({entry['source']}); {note}",
+                     interval={"p5": _sig(q5), "p50": _sig(q50), "p95": _sig(q95)})
     doc["fit"] = [dict(f) for f in platform.fit]
     doc["posterior"] = {
         "method": "emcee EnsembleSampler (DE 0.8 + DE-snooker 0.2) over log-parameters and a log-noise sigma; "
