@@ -34,6 +34,7 @@ SUBCOMMANDS = {
     "validate-device": "validate_device",
     "accuracy": "accuracy",
     "routing-stats": "routing_stats",
+    "routing-import": "routing_import",
 }
 
 
@@ -57,6 +58,7 @@ SUMMARIES = {
     "sensitivity": "rerun a simulation at every sourced alternative of the uncertain device parameters",
     "paper-check": "the device model against every number of the paper's results it can predict",
     "routing-stats": "measure simulation's routing defaults (per-chunk dispersion, cross-workload overlap)",
+    "routing-import": "import routing of llama.cpp / vLLM / SGLang / TensorRT-LLM / HF / public files (schema)",
     "tune": "search plan knobs for a drop-rate or TTFT budget (Pareto front)",
     "drift": "calibrate on one domain, run another: the drift monitor and recalibration",
     "demo": "the demo: calibrate, plan, the demo sweep, every figure and SUMMARY.md in one folder",
@@ -89,7 +91,7 @@ def main(argv=None) -> int:
         return 2
     try:
         if getattr(args, "out", None):    # before any compute: a late PermissionError would lose the work
-            check_writable(args.out, is_file=args.command in OUT_IS_FILE)
+            check_writable(args.out, is_file=args.command in OUT_IS_FILE and not getattr(args, "routing", None))
         return int(args.func(args) or 0)
     except NpuMoeError as exc:
         print(f"npumoe-lab {args.command}: error: {exc}", file=sys.stderr)
