@@ -496,6 +496,22 @@ def parse_routing(spec, specs, seed: int = 0, defaults=None):
         for k in ("concentration", "doc_concentration"):
             check_concentration(k, params.get(k))
         return tiny_workload(specs, params.pop("workload"), defaults or load_defaults(), **params)
+    if kind in ("counts", "trace") or (Path(spec.partition(",")[0]) / "provenance.json").is_file():
+        # lazy: real_routing imports this module (its sources are PopularityRouting and friends)
+        from npumoe_lab.sim import real_routing
+        where, _, fields = (rest if kind in ("counts", "trace") else spec).partition(",")
+        folder = real_routing.routing_folder(where)
+        if kind not in ("counts", "trace"):      # a routing-import folder: whichever kind it holds
+            kind = "trace" if (folder / "selections.parquet").is_file() else "counts"
+        if kind == "trace":
+            params = _parse_params(fields, {"calib": str, "eval": str, "phase": str}, "trace")
+            return real_routing.from_trace(specs, folder, params.get("calib"), params.get("eval"),
+                                           params.get("phase"), seed)
+        params = _parse_params(fields, {"calib": str, "eval": str, "concentration": float,
+                                        "doc_concentration": float, "overlap_from": str}, "counts")
+        return real_routing.from_counts(specs, folder, params.get("calib"), params.get("eval"),
+                                        params.get("concentration"), params.get("doc_concentration"), seed,
+                                        overlap_from=params.get("overlap_from"))
     path, _, fields = (rest if kind == "profile" else spec).partition(",")
     if Path(path).is_dir():
         params = _parse_params(fields, {"run": str, "workload_overlap": float}, "profile")
@@ -513,4 +529,4 @@ def parse_routing(spec, specs, seed: int = 0, defaults=None):
         raise NpuMoeError(f"routing {spec!r}: calibration profile folder {path} not found; give the --out folder of "
                           "`npumoe-lab calibrate`")
     raise NpuMoeError(f"routing {spec!r} is not a source: use synthetic:gini=0.6, profile:DIR (from `npumoe-lab "
-                      "calibrate`), or tiny")
+                      "calibrate`), counts:NAME | trace:NAME (data/routing/, `npumoe-lab routing-import`), or tiny")
