@@ -62,7 +62,7 @@ def part(module: str) -> str:
 
 
 # lowest first; a part may import only parts listed before it (docs/DESIGN.md draws the same order)
-LAYERS = ["errors", "utils", "models", "devices", "results", "workloads", "train", "core", "planning", "graphs",
+LAYERS = ["errors", "utils", "models", "devices", "results", "routing_data", "workloads", "train", "core", "planning", "graphs",
           "backends", "execution", "sim", "viz", "experiments", "studies", "cli", "api", "__main__"]
 TOP_LEVEL = {"__init__", "__main__", "api", "errors", "utils"}
 

@@ -9,7 +9,8 @@ FORMAT_NAMES = ("llama-moe-trace", "vllm-routed-experts", "sglang-routed-experts
 
 def routing_geometry(name_or_path):
     """The RoutingGeometry of a bundled geometry name or a config.json (sim.geometries reads it)."""
-    from npumoe_lab.routing_data.schema import RoutingGeometry   # lazy: the command's own imports
+    # lazy: the command's own imports (--help loads none of them)
+    from npumoe_lab.routing_data.schema import RoutingGeometry
     from npumoe_lab.sim.geometries import load_geometry
     name, _, geo = load_geometry(name_or_path, hf_config=False)
     s = geo.moe[0]
@@ -21,7 +22,7 @@ def _routing_import(a) -> int:
     from npumoe_lab.routing_data.formats import import_routing
     geo = routing_geometry(a.model_geometry)
     prov = {k: v for k, v in (("model", a.model), ("tool_version", a.tool_version), ("text", a.text),
-                              ("quantisation", a.quantisation), ("licence", a.licence)) if v}
+                              ("quantisation", a.quantisation), ("licence", a.licence), ("source", a.source)) if v}
     if a.note:
         prov["notes"] = list(a.note)
     data = import_routing(a.format, a.files, geo, prov, a.domain, a.phase)
@@ -55,5 +56,6 @@ def register_cli(sub) -> None:
     p.add_argument("--text", help="provenance: what text was routed")
     p.add_argument("--quantisation", help="provenance: the weights' quantisation")
     p.add_argument("--licence", help="provenance: the licence of the source data")
+    p.add_argument("--source", help="provenance: where the file came from (URL at a commit; default the paths given)")
     p.add_argument("--note", action="append", help="provenance: what the data can and cannot say (repeatable)")
     p.set_defaults(func=_routing_import)

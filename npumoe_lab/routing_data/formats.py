@@ -87,7 +87,7 @@ def import_routing(fmt: str, files, geo: RoutingGeometry, provenance: dict | Non
             "geometry": {"name": geo.name, "moe_layers": list(geo.moe_layers), "n_experts": geo.n_experts,
                          "top_k": geo.top_k},
             "layers": layers, "domains": sorted(counts["domain"].unique().tolist()),
-            "tokens": {str(d): int(g.groupby("layer")["tokens"].max().max())
+            "tokens": {str(d): int(g.groupby("layer")["tokens"].sum().max())
                        for d, g in counts.drop_duplicates(["layer", "domain", "phase"]).groupby("domain")},
             "reader": facts}
     missing = [x for x in geo.moe_layers if x not in layers]
