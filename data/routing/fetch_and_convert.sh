@@ -48,7 +48,7 @@ $NPUMOE routing-import --format olmoe-expert-counts "$TMP"/mixtral/{arxiv,book,c
   --licence "Apache-2.0 (allenai/OLMoE)" --source "$OL/mistral/expert_counts" \
   --note "layers 0, 7 and 15 of 32 only (the script's fixed indices)" --note "prefill routing of 2048-token sequences, counts only"
 $NPUMOE routing-import --format mbolt-coactivation "$TMP/qwen3.json" --model-geometry qwen3-30b-a3b \
-  --out data/routing/qwen3-30b-a3b --domain dolly+codealpaca --phase decode --model Qwen/Qwen3-30B-A3B \
+  --out data/routing/qwen3-30b-a3b --domain dolly-codealpaca --phase decode --model Qwen/Qwen3-30B-A3B \
   --tool-version "doramirdor/mbolt@$MBOLT (llama.cpp routing trace)" \
   --text "200 prompts (120 Dolly + 80 CodeAlpaca), 75,773 decode tokens pooled" \
   --licence "MIT, Copyright (c) 2026 Dor Amir (doramirdor/mbolt)" \

@@ -80,6 +80,10 @@ def import_routing(fmt: str, files, geo: RoutingGeometry, provenance: dict | Non
             refuse(where, "two files of one domain")
         kind = "counts"
     check_counts(where, counts, geo, partial)
+    odd = [d for d in counts["domain"].unique() if any(ch in str(d) for ch in "+,=:")]
+    if odd:
+        refuse(where, f"domain name {odd[0]!r} holds one of + , = : (they separate routing-source fields); "
+                      "rename it with --domain")
     layers = sorted(int(x) for x in counts["layer"].unique())
     prov = {"model": facts.pop("model", None), "tool": spec.tool, "tool_version": None, "text": None,
             "quantisation": facts.pop("quantisation", None), "phase": phase, "licence": None,

@@ -153,6 +153,8 @@ class TraceRouting:
         frames, stats = [], []
         for s in specs:
             ids = self.calib[s.layer]
+            if len(ids) < chunk:        # fewer calibration tokens than a chunk: wrapped round, as the prompt is
+                ids = ids[np.arange(chunk) % len(ids)]
             n = max(1, len(ids) // chunk)
             m = np.zeros((s.n_experts, n), dtype=np.int64)
             for j in range(n):
@@ -225,7 +227,8 @@ def from_trace(specs, path, calib=None, eval_=None, phase=None, seed: int = 0) -
 
 
 def from_counts(specs, path, calib=None, eval_=None, concentration=None, doc_concentration=None, seed: int = 0,
-                defaults=None, overlap_from: str | None = None):
+                defaults=None, overlap_from: str | None = None, shift: bool = True):
+    """`shift=False`: with one domain the prompt keeps the calibration's hot set (in-sample: the best case)."""
     data = RoutingData.load(path)
     where = f"counts:{path}"
     _check(data, specs, where)
@@ -237,8 +240,8 @@ def from_counts(specs, path, calib=None, eval_=None, concentration=None, doc_con
         check_concentration("doc_concentration", doc_concentration)
     share = lambda layer, doms: (lambda v: (v + 1e-9) / (v + 1e-9).sum())(data.count_vector(layer, doms))  # noqa
     calib_pop, run, sources = {}, {}, {}
-    shift = ""
-    if c_dom == e_dom:
+    shift = shift and c_dom == e_dom
+    if shift:
         other = RoutingData.load(routing_folder(overlap_from or DEFAULT_OVERLAP_FROM))
         target = lodo_overlap(other)
         rng = np.random.default_rng(seed)
@@ -246,19 +249,22 @@ def from_counts(specs, path, calib=None, eval_=None, concentration=None, doc_con
         lay = lmap[s.layer]
         sources[s.layer] = np.stack([share(lay, [x]) for x in c_dom])
         calib_pop[s.layer] = share(lay, c_dom)
-        if c_dom != e_dom:
+        if not shift:
             run[s.layer] = share(lay, e_dom)
             continue
-        p = calib_pop[s.layer]
-        w = overlap_for_tv(np.sort(p)[::-1], 1, target, seed) if math.isfinite(target) else 1.0
-        ids = _reshuffle(np.arange(s.n_experts), w, rng)
-        run[s.layer] = p[np.argsort(ids)]
-    if c_dom == e_dom:
-        shift = (f"; one domain: the prompt's hot set shifted to the measured leave-one-domain-out 1-TV "
-                 f"{target:.3f} of {overlap_from or DEFAULT_OVERLAP_FROM}")
+    if shift:      # one overlap for all layers, solved at their mean popularity curve (as profile: sources do)
+        curve = np.mean([np.sort(v)[::-1] for v in calib_pop.values()], axis=0)
+        w = overlap_for_tv(curve, 1, target, seed) if math.isfinite(target) else 1.0
+        for s in specs:
+            ids = _reshuffle(np.arange(s.n_experts), w, rng)
+            run[s.layer] = calib_pop[s.layer][np.argsort(ids)]
+    said = ""
+    if shift:
+        said = (f"; one domain: the prompt's hot set shifted to the measured leave-one-domain-out 1-TV "
+                 f"{target:.3f} of {overlap_from or DEFAULT_OVERLAP_FROM} (workload_overlap {w:.3g})")
     label = (f"counts:{describe(data, Path(path))}, calib = {'+'.join(c_dom)}, eval = {'+'.join(e_dom)} ({how}); "
              f"per-document and per-chunk variation from the text-like model (concentration={_fmt(conc)}, "
-             f"doc_concentration={_fmt(dconc)} [measured: {d['source'].split(' (')[0]}]){shift}"
+             f"doc_concentration={_fmt(dconc)} [measured: {d['source'].split(' (')[0]}]){said}"
              + (f"; {filled}" if filled else "") + "".join(f"; {n}" for n in data.provenance.get("notes", [])[:2]))
     return PopularityRouting(label, calib_pop, run, top_k=specs[0].top_k, concentration=conc,
                              doc_concentration=dconc, calib_sources=sources)
