@@ -8,7 +8,9 @@ DEFAULT_OUT = "data/routing/tiny-defaults.yaml"
 def _premise(a) -> int:
     # lazy: numpy, pandas and matplotlib load only when the command runs
     from pathlib import Path
+    import yaml
     from npumoe_lab.sim.routing_premise import figure, premise_stats, verdict
+    from npumoe_lab.sim.textlike_measure import measure_textlike
     df, facts = premise_stats(a.routing)
     data, out = facts["data"], Path(a.out)
     per = df[df["domain"] != "all"]
@@ -33,9 +35,17 @@ def _premise(a) -> int:
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "routing_stats.csv", index=False)
     (out / "ROUTING_STATS.md").write_text("\n".join(lines) + "\n")
+    if a.routing != "tiny":
+        doc = measure_textlike(a.routing)
+        (out / "textlike.yaml").write_text(yaml.safe_dump(doc, sort_keys=False, width=120))
+        lines.append(f"textlike.yaml: the text-like model's parameters for this data (copy it into "
+                     f"{facts['folder'].name}/ to make them its counts: defaults): " + ", ".join(
+                         f"{k} {v['value']}" for k, v in doc["defaults"].items()))
+        (out / "ROUTING_STATS.md").write_text("\n".join(lines) + "\n")
     figure(df, data, f"{a.routing}: {head.split(':')[0]}").savefig(out / "routing_stats.png", dpi=130)
     print("\n".join(lines[6:]))
-    print(f"wrote {out}/routing_stats.csv, ROUTING_STATS.md, routing_stats.png")
+    print(f"wrote {out}/routing_stats.csv, ROUTING_STATS.md, routing_stats.png" +
+          (", textlike.yaml" if a.routing != "tiny" else ""))
     return 0
 
 

@@ -74,6 +74,16 @@ def model_defaults(path) -> dict:
     return load_defaults(own) if own.is_file() else load_defaults()
 
 
+def _origin(path, name: str, d: dict) -> str:
+    """Where a text-like default came from: its textlike.yaml note's head, else the bundled model's file."""
+    import yaml     # a light read of the note beside the value load_defaults returned
+    own = Path(path) / "textlike.yaml"
+    if own.is_file():
+        note = str(((yaml.safe_load(own.read_text()) or {}).get("defaults", {}).get(name) or {}).get("note", ""))
+        return note.split(":")[0][:120] or own.name
+    return f"measured: {d['source'].split(' (')[0]}"
+
+
 def split_domains(data: RoutingData, calib: str | None, eval_: str | None, where: str) -> tuple[list, list, str]:
     """(calib domains, eval domains, how chosen)."""
     doms = data.domains
@@ -242,8 +252,11 @@ def from_counts(specs, path, calib=None, eval_=None, concentration=None, doc_con
     calib_pop, run, sources = {}, {}, {}
     shift = shift and c_dom == e_dom
     if shift:
-        other = RoutingData.load(routing_folder(overlap_from or DEFAULT_OVERLAP_FROM))
-        target = lodo_overlap(other)
+        if overlap_from is None and (Path(path) / "textlike.yaml").is_file():
+            target, whence = float(d["workload_tv_overlap"]), _origin(path, "workload_tv_overlap", d)
+        else:
+            target = lodo_overlap(RoutingData.load(routing_folder(overlap_from or DEFAULT_OVERLAP_FROM)))
+            whence = f"the leave-one-domain-out 1-TV of {overlap_from or DEFAULT_OVERLAP_FROM}"
         rng = np.random.default_rng(seed)
     for s in specs:
         lay = lmap[s.layer]
@@ -260,11 +273,12 @@ def from_counts(specs, path, calib=None, eval_=None, concentration=None, doc_con
             run[s.layer] = calib_pop[s.layer][np.argsort(ids)]
     said = ""
     if shift:
-        said = (f"; one domain: the prompt's hot set shifted to the measured leave-one-domain-out 1-TV "
-                 f"{target:.3f} of {overlap_from or DEFAULT_OVERLAP_FROM} (workload_overlap {w:.3g})")
+        said = (f"; one domain: the prompt's hot set shifted to 1-TV {target:.3f} ({whence}; workload_overlap "
+                f"{w:.3g})")
     label = (f"counts:{describe(data, Path(path))}, calib = {'+'.join(c_dom)}, eval = {'+'.join(e_dom)} ({how}); "
-             f"per-document and per-chunk variation from the text-like model (concentration={_fmt(conc)}, "
-             f"doc_concentration={_fmt(dconc)} [measured: {d['source'].split(' (')[0]}]){said}"
+             f"per-document and per-chunk variation from the text-like model (concentration={_fmt(conc)} "
+             f"[{_origin(path, 'concentration', d)}], doc_concentration={_fmt(dconc)} "
+             f"[{_origin(path, 'doc_concentration', d)}]){said}"
              + (f"; {filled}" if filled else "") + "".join(f"; {n}" for n in data.provenance.get("notes", [])[:2]))
     return PopularityRouting(label, calib_pop, run, top_k=specs[0].top_k, concentration=conc,
                              doc_concentration=dconc, calib_sources=sources)

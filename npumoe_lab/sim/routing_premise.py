@@ -101,7 +101,8 @@ def premise_stats(spec: str, seed: int = 0) -> tuple[pd.DataFrame, dict]:
 
 def tiny_folder():
     """The bundled model's held-out routing per workload (routing_stats.tiny_profiles) as a routing folder (cached)."""
-    from npumoe_lab.routing_data.schema import counts_frame     # lazy: the bundled model runs only here
+    # lazy: the bundled model runs only here
+    from npumoe_lab.routing_data.schema import counts_frame
     from npumoe_lab.sim.routing_stats import tiny_profiles
     from npumoe_lab.utils import cache_dir
     profiles = tiny_profiles()
