@@ -1,7 +1,7 @@
 """`npumoe-lab calibrate`: per-expert routed-token counts per prefill chunk (a calibration profile folder)."""
 from __future__ import annotations
 
-from npumoe_lab.cli.common import add_dtype_argument
+from npumoe_lab.cli.common import add_device_argument, add_dtype_argument
 from npumoe_lab.cli.output import writes
 
 
@@ -10,7 +10,7 @@ def _calibrate(args) -> int:
     from npumoe_lab.execution.calibrate import calibrate
     from npumoe_lab.core.cpu_features import resolve_dtype
     from npumoe_lab.models import load_model
-    model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype))   # the policy run uses
+    model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype), device=args.device)  # run's policy
     profile = calibrate(model, tokenizer, args.workload, args.chunk, args.tokens, args.seed)
     print(profile.summary().to_string(index=False, float_format=lambda x: f"{x:.3f}"), flush=True)
     with writes(args.out, "the summary is printed above"):       # after printing: a full disk cannot lose it
@@ -28,5 +28,6 @@ def register_cli(subparsers) -> None:
                    help="calibration tokens (default 16384; `--calib-tokens` as in run/tune/drift)")
     p.add_argument("--seed", type=int, default=0, help="seed of the document order (default 0)")
     add_dtype_argument(p)
+    add_device_argument(p)
     p.add_argument("--out", default="results/profile", help="output directory of the profile (default results/profile)")
     p.set_defaults(func=_calibrate)

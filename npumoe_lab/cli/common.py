@@ -7,3 +7,9 @@ DTYPE_HELP = ("model dtype: auto (default; this CPU's fast dtype: bf16 with avx5
 
 def add_dtype_argument(p) -> None:
     p.add_argument("--dtype", default="auto", help=DTYPE_HELP)
+
+
+def add_device_argument(p) -> None:
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"),
+                   help="where the model's weights and numerics run (default cpu); timing rows stay measured only "
+                        "for the host CPU")

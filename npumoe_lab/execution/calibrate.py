@@ -94,8 +94,9 @@ class _Accumulator:
 
     def add(self, rec, chunk_id: int):
         E, mask = self.E[rec.layer], rec.token_mask.bool()
-        idx, w = rec.topk_idx[mask], rec.topk_weight[mask].double()
-        norm = rec.hidden_norm[mask].double()[:, None].expand_as(w)
+        # counted on the CPU whatever device the model ran on (a no-op for a CPU model)
+        idx, w = rec.topk_idx.cpu()[mask], rec.topk_weight.cpu()[mask].double()
+        norm = rec.hidden_norm.cpu()[mask].double()[:, None].expand_as(w)
         flat = idx.reshape(-1)
         self.counts[rec.layer][:, chunk_id] += torch.bincount(flat, minlength=E).numpy()
         for row, vals in enumerate((torch.ones_like(w), w, w * w, norm)):

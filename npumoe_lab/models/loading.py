@@ -48,8 +48,9 @@ def resolve_dtype(dtype) -> torch.dtype:
     raise NpuMoeError(f"dtype {dtype!r} is not supported; use one of {', '.join(_DTYPES)} or a torch.dtype")
 
 
-def load_model(name_or_path, dtype=None, *, attn_implementation: str = "eager"):
-    """-> (model in eval mode, tokenizer or None when the directory has no tokenizer files)."""
+def load_model(name_or_path, dtype=None, *, attn_implementation: str = "eager", device: str = "cpu"):
+    """-> (model in eval mode, tokenizer or None when the directory has no tokenizer files). `device`: cpu | cuda |
+    mps, where the weights and the numerics live (loaded in `dtype` directly: a bf16 checkpoint is never upcast)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model_dir(name_or_path)
@@ -70,6 +71,12 @@ def load_model(name_or_path, dtype=None, *, attn_implementation: str = "eager"):
     except OSError as exc:
         raise NpuMoeError(f"could not load the weights of {path}: {exc}; check the checkpoint files") from exc
     model.eval()
+    if device != "cpu":
+        ok = {"cuda": torch.cuda.is_available, "mps": lambda: torch.backends.mps.is_available()}.get(device)
+        if ok is None or not ok():
+            raise NpuMoeError(f"--device {device} is not available on this machine (use cpu" +
+                              (", or a machine with CUDA / Apple MPS)" if ok else "; one of cpu, cuda, mps)"))
+        model.to(device)
     if not find_moe_blocks(model):
         raise NpuMoeError(f"the {config.model_type} model at {path} has no MoE blocks after loading; "
                           f"the workbench needs a model with at least one MoE layer")

@@ -284,4 +284,38 @@ def from_counts(specs, path, calib=None, eval_=None, concentration=None, doc_con
                              doc_concentration=dconc, calib_sources=sources)
 
 
-__all__ = ["from_counts", "from_trace", "routing_folder", "layer_map", "lodo_overlap", "TraceRouting"]
+REAL_FALLBACK_GINI = 0.56       # Qwen3-30B-A3B's median per-layer Gini (data/routing/qwen3-30b-a3b)
+
+
+def matching_folder(specs) -> Path | None:
+    """The shipped routing folder whose geometry has these MoE layers, experts and top-k (None if none)."""
+    want = ([s.layer for s in specs], specs[0].n_experts, specs[0].top_k)
+    for d in sorted(ROUTING_DIR.iterdir()):
+        if (d / "provenance.json").is_file() and (d / "counts.parquet").is_file():
+            g = RoutingData.load(d).provenance.get("geometry", {})
+            if (g.get("moe_layers"), g.get("n_experts"), g.get("top_k")) == want:
+                return d
+    return None
+
+
+def real_default(specs, seed: int = 0):
+    """`real`: each geometry's own shipped counts where data/routing holds some (counts:NAME), else synthetic
+    routing at real-data statistics: Gini 0.56 (Qwen3-30B-A3B's median) and OLMoE's leave-one-domain-out 1 - TV."""
+    from npumoe_lab.sim.routing import synthetic     # sibling: real_routing is imported by routing lazily
+    d = matching_folder(specs)
+    if d is not None:
+        src = from_counts(specs, d, seed=seed)
+        src.label = "real -> " + src.label
+        return src
+    olmoe = RoutingData.load(routing_folder(DEFAULT_OVERLAP_FROM))
+    tv = lodo_overlap(olmoe)
+    tiny = load_defaults()
+    src = synthetic(specs, gini=REAL_FALLBACK_GINI, seed=seed, workload_overlap=None, workload_tv_overlap=tv,
+                    concentration=tiny["concentration"], doc_concentration=tiny["doc_concentration"])
+    src.label = (f"real -> no routing data for this geometry: {src.label} [Gini {REAL_FALLBACK_GINI} = Qwen3-30B-A3B's "
+                 f"median (data/routing/qwen3-30b-a3b); 1-TV {tv:.3f} = OLMoE's leave-one-domain-out "
+                 f"(data/routing/{DEFAULT_OVERLAP_FROM}); concentrations: {tiny['source'].split(' (')[0]}]")
+    return src
+
+
+__all__ = ["real_default", "matching_folder", "from_counts", "from_trace", "routing_folder", "layer_map", "lodo_overlap", "TraceRouting"]

@@ -496,6 +496,9 @@ def parse_routing(spec, specs, seed: int = 0, defaults=None):
         for k in ("concentration", "doc_concentration"):
             check_concentration(k, params.get(k))
         return tiny_workload(specs, params.pop("workload"), defaults or load_defaults(), **params)
+    if spec == "real":
+        from npumoe_lab.sim.real_routing import real_default    # lazy: real_routing imports this module
+        return real_default(specs, seed)
     if kind in ("counts", "trace") or (Path(spec.partition(",")[0]) / "provenance.json").is_file():
         # lazy: real_routing imports this module (its sources are PopularityRouting and friends)
         from npumoe_lab.sim import real_routing

@@ -91,7 +91,8 @@ def premise_stats(spec: str, seed: int = 0) -> tuple[pd.DataFrame, dict]:
             rows.append(dict(layer=layer, domain=d, tokens=int(x.sum() / data.provenance["geometry"]["top_k"]),
                              gini=gini_pairs(x), hot10_share=hot10_share(x),
                              max_over_mean=float(x.max() / x.mean()) if x.mean() > 0 else math.nan,
-                             overlap_vs_calib=tv_overlap(c, x), hot10_jaccard_vs_calib=jaccard(c, x),
+                             overlap_vs_calib=tv_overlap(c, x) if d != "all" else math.nan,
+                             hot10_jaccard_vs_calib=jaccard(c, x) if d != "all" else math.nan,
                              calibration="+".join(calib) if calib != members else
                              "itself (one domain: in-sample" + ("; drop: first half calibrates, second half runs)"
                                                                if trace else ")"),
