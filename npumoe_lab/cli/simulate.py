@@ -51,7 +51,8 @@ def register_cli(sub) -> None:
                    help="synthetic:gini=G[,layer_overlap=L,workload_overlap=W,concentration=A,doc_concentration=D,"
                         "calibration=MIX,workload=MIX,seed=N] (unset fields: the measured defaults of "
                         "data/routing/tiny-defaults.yaml) | profile:DIR[,run=DIR2|,workload_overlap=W] | "
-                        "tiny[:workload=NAME]")
+                        "tiny[:workload=NAME] | counts:NAME|DIR[,calib=D1+D2,eval=D] | trace:NAME|DIR[,phase=P] | "
+                        "a routing-import folder | real (real routing data of data/routing/: docs/ROUTING.md)")
     p.add_argument("--platforms", "--platform", dest="platforms", default="m2-max",
                    help="comma list of modeled platforms (default m2-max)")
     p.add_argument("--variants", "--variant", dest="variants", default="all",
