@@ -139,3 +139,10 @@ def test_shipped_olmoe_counts_reproduce_the_sourced_overlaps():
     for layer, (lo, hi) in ((0, (0.78, 0.89)), (7, (0.57, 0.88)), (15, (0.57, 0.88))):
         ov = [tv_overlap(data.count_vector(layer), data.count_vector(layer, [d])) for d in data.domains]
         assert lo - 0.006 <= min(ov) and max(ov) <= hi + 0.006, (layer, ov)
+
+
+def test_real_takes_each_geometrys_own_data_else_real_statistics():
+    q = parse_routing("real", list(load_geometry("qwen3-30b-a3b", hf_config=False)[2].moe))
+    assert q.label.startswith("real -> counts:qwen3-30b-a3b")
+    p = parse_routing("real", list(load_geometry("phi-3.5-moe", hf_config=False)[2].moe))
+    assert p.label.startswith("real -> no routing data") and "gini=0.56" in p.label and "OLMoE" in p.label
