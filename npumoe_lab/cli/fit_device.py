@@ -23,7 +23,7 @@ def _cli(a) -> int:
     from pathlib import Path
     import numpy as np
     from npumoe_lab.devices.cpu_fit import fit_cli
-    from npumoe_lab.devices.fit import fit_platform, write_fit
+    from npumoe_lab.devices.fit import fit_platform, parameter_flags, write_fit
     from npumoe_lab.devices.measurements import load_measurements
     from npumoe_lab.devices.platform import resolve_platform
     if a.steps < 30:
@@ -46,5 +46,6 @@ def _cli(a) -> int:
           "\n".join(f"  {n} = {v:.4g}  (90 % {np.percentile(res.draws[:, i], 5):.3g}-"
                     f"{np.percentile(res.draws[:, i], 95):.3g})" for i, (n, v) in enumerate(zip(res.names,
                                                                                                res.point))) +
+          "".join(f"\n  FLAGGED {n}: {', '.join(fl)}" for n, fl in parameter_flags(platform, res).items()) +
           f"\nwritten {path}")
     return 0

@@ -270,6 +270,41 @@ def fit_platform(platform, df, steps: int = 30000, walkers: int = 0, seed: int =
                      spec or (), groups)
 
 
+AT_BOUND_LOG = 0.01        # a value within 1 % of a prior bound sits at it
+UNIDENTIFIED_SHARE = 0.5    # a 90 % posterior spanning >= half of the prior's log-range: the rows do not pin it
+
+
+def parameter_flags(platform, res: FitResult) -> dict:
+    """{param: [flag, ...]} of the fitted (not transferred) parameters that need a reader's attention:
+    'point at the lower/upper bound' (the least-squares point within 1 % of a prior bound: the rows push it
+    there, the bound decides it), 'posterior at the lower/upper bound' (its 5 % / 95 % point there),
+    'not identified by the rows' (the 90 % posterior spans >= half the prior's log-range: as wide as the
+    prior), 'point outside its 90 % posterior' (the least-squares point and the posterior disagree: quote the
+    posterior median). Empty lists are left out."""
+    out = {}
+    for f in platform.fit:
+        n = f["param"]
+        if n not in res.names:
+            continue
+        i = res.names.index(n)
+        lo, hi = np.log(f["low"]), np.log(f["high"])
+        x, q5, q95 = np.log(res.point[i]), *np.log(np.percentile(res.draws[:, i], [5, 95]))
+        flags = []
+        if x - lo < AT_BOUND_LOG or hi - x < AT_BOUND_LOG:
+            flags.append(f"point at the {'lower' if x - lo < AT_BOUND_LOG else 'upper'} bound")
+        if q5 - lo < AT_BOUND_LOG:
+            flags.append("posterior at the lower bound")
+        if hi - q95 < AT_BOUND_LOG:
+            flags.append("posterior at the upper bound")
+        if (q95 - q5) >= UNIDENTIFIED_SHARE * (hi - lo):
+            flags.append("not identified by the rows (posterior as wide as the prior)")
+        if not q5 <= x <= q95:
+            flags.append("point outside its 90 % posterior")
+        if flags:
+            out[n] = flags
+    return out
+
+
 def _sig(v: float) -> float:
     return float(f"{v:.5g}")
 
@@ -307,6 +342,10 @@ def fitted_yaml(platform, res: FitResult, today: str) -> dict:
                      note=f"was {entry['value']!r} ({entry['source']}); {note}",
                      interval={"p5": _sig(q5), "p50": _sig(q50), "p95": _sig(q95)})
     doc["fit"] = [dict(f) for f in platform.fit]
+    flags = parameter_flags(platform, res)
+    for knob, fl in flags.items():
+        role, _, key = knob.partition("_")
+        doc[role][key]["note"] += "; FLAGGED: " + ", ".join(fl)
     doc["posterior"] = {
         "method": "emcee EnsembleSampler (DE 0.8 + DE-snooker 0.2) over log-parameters and a log-noise sigma; "
                   "likelihood normal in log(predicted/measured time or power)",
@@ -326,6 +365,8 @@ def fitted_yaml(platform, res: FitResult, today: str) -> dict:
         "transfer_cv": {g: {"rows": len(v), "rms_log": _sig(float(np.sqrt(np.mean(np.square(v)))))}
                         for g, v in (res.cv or {}).items()},
         "transferred": {"platform": src.name, "params": list(tnames), "note": tnote} if src else None,
+        "flags": flags,
+        "point_value": "the least-squares point (each parameter's `value`); its posterior median is `interval.p50`",
         "draws": [[_sig(v) for v in d] for d in res.draws], "sigma_log": [_sig(s) for s in res.sigma]}
     return doc
 
@@ -340,5 +381,5 @@ def write_fit(platform, res: FitResult, out: Path) -> Path:
     return path
 
 
-__all__ = ["fit_platform", "fit_rows", "write_fit", "fitted_yaml", "RowSet", "FitResult",
+__all__ = ["fit_platform", "fit_rows", "write_fit", "fitted_yaml", "RowSet", "FitResult", "parameter_flags",
            "SIGMA_BOUNDS"]
