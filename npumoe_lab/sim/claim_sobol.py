@@ -20,6 +20,8 @@ import math
 import numpy as np
 
 from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.sim.array_replay import stream_metrics
+from npumoe_lab.sim.pricing import parameter_draws
 
 MEASUREMENT_PRECISION_LOG = 0.1
 # parameter -> the micro-benchmark (a `npumoe-lab measure` command, run on the chip named) whose rows identify it
@@ -148,7 +150,6 @@ def claim_ratios(entries, params: dict, shared: bool, baselines, name) -> dict:
     """{name(baseline, platform): (M,) lowest baseline / npumoe TTFT over the settings} under `params` (M draws).
     `entries`: [(row, stream)] of ONE platform's simulated grid (rows with model, prompt_len, chunk, variant,
     platform)."""
-    from npumoe_lab.sim.array_replay import stream_metrics
     ttft = {}
     for row, stream in entries:
         key = (row["model"], row["prompt_len"], row["chunk"])
@@ -171,7 +172,6 @@ def claims_sensitivity(entries, platform, baselines, name, draws: int = 2000, n_
                        seed: int = 0) -> list[dict]:
     """One dict per claim of one platform: P(holds) under the joint draws, the Sobol indices (module doc), the
     expected change of P(holds) per measured parameter, and the "to settle" line."""
-    from npumoe_lab.sim.pricing import parameter_draws
     joint = parameter_draws(platform, draws, seed)
     shared = platform.npu_shares_cpu
     evaluate = lambda p: claim_ratios(entries, p, shared, baselines, name)   # noqa: E731

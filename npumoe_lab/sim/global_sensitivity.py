@@ -19,10 +19,14 @@ import numpy as np
 import pandas as pd
 
 from npumoe_lab.devices import get_platform
+from npumoe_lab.devices.graph_cost import npu_energy_j
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.planning.variants import parse_variants
 from npumoe_lab.sim.run import WEIGHT_FORMATS, iter_simulation
-from npumoe_lab.sim.sensitivity import VARIANTS, score
+from npumoe_lab.sim.array_replay import stream_metrics
+from npumoe_lab.sim.claim_sobol import settle_gains, settle_line, sobol_indices
+from npumoe_lab.sim.pricing import parameter_draws
+from npumoe_lab.sim.sensitivity import CONCLUSIONS, VARIANTS, score
 
 STRUCTURES = {"curve": {"npu_graph_model": "roofline"}, "graph": {"npu_graph_model": "graph"}, "flat": None}
 BANDS = {"H": 1.1, "M": 1.3, "L": 2.0}
@@ -51,6 +55,8 @@ class StreamPricer:
 
     def summary(self, platform) -> dict:
         price = np.array([platform.device(r).estimate(c) for r, c in self.keys])
+        npu_j_key = np.array([npu_energy_j(platform.npu, c.flops, t) if r == "npu" else 0.0
+                              for (r, c), t in zip(self.keys, price)])
         dur = price[self.idx_arr]
         shared = platform.npu_shares_cpu
         free, ends, d = {"npu": 0.0, "cpu": 0.0}, [], dur.tolist()
@@ -70,7 +76,7 @@ class StreamPricer:
             core_s = platform.cpu.cores * busy_cpu + platform.npu.host_call_s * float(self.calls_arr[self.is_npu].sum())
         npu, cpu = platform.npu, platform.cpu
         host_busy = busy_cpu + (busy_npu if shared else 0.0)
-        npu_j = 0.0 if shared else npu.active_power_w * busy_npu + npu.idle_power_w * max(ttft - busy_npu, 0.0)
+        npu_j = 0.0 if shared else float(npu_j_key[self.idx_arr].sum()) + npu.idle_power_w * max(ttft - busy_npu, 0.0)
         energy = npu_j + cpu.active_power_w / cpu.cores * core_s + cpu.idle_power_w * max(ttft - host_busy, 0.0)
         return {"ttft_s": ttft, "energy_per_token_mj": energy / self.n_tokens * 1e3, "cpu_cycles": core_s * cpu.freq_hz}
 
@@ -175,10 +181,6 @@ def run_sobol(spec: str, geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6",
     """(effects, probabilities) like run_global, by the same Sobol machinery as paper-check's claims
     (claim_sobol.py): SALib Sobol S1 / ST of each conclusion's log ratio over the platform's draws (posterior, prior
     for the rest, predictive noise), P(holds) under the joint draws, and the measurement that would settle it."""
-    from npumoe_lab.sim.array_replay import stream_metrics
-    from npumoe_lab.sim.claim_sobol import settle_gains, settle_line, sobol_indices
-    from npumoe_lab.sim.pricing import parameter_draws
-    from npumoe_lab.sim.sensitivity import CONCLUSIONS
     if weights not in WEIGHT_FORMATS:
         raise NpuMoeError(f"--weights {weights!r}: use one of {', '.join(WEIGHT_FORMATS)}")
     base = get_platform(spec, **WEIGHT_FORMATS[weights])

@@ -27,6 +27,7 @@ import pandas as pd
 
 from npumoe_lab.devices import get_platform
 from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.sim.claim_sobol import claims_sensitivity
 from npumoe_lab.sim.array_replay import INTERVAL_METRICS, expert_ffn_and_scatter_s
 from npumoe_lab.sim.pricing import INTERVAL, draws_source, parameter_draws, price_stream
 from npumoe_lab.sim.report import BASELINES, PAPER_END_TO_END, PAPER_RANGES
@@ -217,7 +218,6 @@ def paper_check(routing: str = "synthetic:gini=0.6", seed: int = 0, sensitivity:
 
 def _with_claim_sobol(table: pd.DataFrame, entries: dict, n_base: int, seed: int) -> pd.DataFrame:
     """The claim rows with their largest Sobol indices and the measurement that would settle them."""
-    from npumoe_lab.sim.claim_sobol import claims_sensitivity
     rows = [r for plat, es in entries.values()
             for r in claims_sensitivity(es, plat, BASELINES, claim_name, n_base=n_base, seed=seed)]
     top = {r["claim"]: ", ".join(f"{n} S1 {a:.2f} ST {b:.2f}" for n, a, b in r["sobol"][:3]) for r in rows}
