@@ -187,6 +187,16 @@ class FitResult:
     transfer_sigma: float | None = None     # RMS of the cv errors (or the transfer source's); None: no estimate
     transferred: tuple = ()     # (source platform, [params], note) from the YAML's transfer block, or ()
     fitted_groups: tuple = ()   # device/kind groups of the fit rows
+    pooled: dict | None = None  # fit_pooled: {"chips": [...], "shared": [...], "priors": {param: (low, high)},
+                                # "rows": [ids of every chip's fit rows]}
+
+
+def priors_of(platform, res: FitResult) -> dict:
+    """{param: (low, high)} of every fitted parameter: the platform's `fit:` list, and a pool's shared priors."""
+    out = {f["param"]: (f["low"], f["high"]) for f in platform.fit or ()}
+    for k, b in ((res.pooled or {}).get("priors") or {}).items():
+        out.setdefault(k, tuple(b))
+    return out
 
 
 def fit_platform(platform, df, steps: int = 30000, walkers: int = 0, seed: int = 0, starts: int = 8) -> FitResult:
@@ -282,12 +292,11 @@ def parameter_flags(platform, res: FitResult) -> dict:
     prior), 'point outside its 90 % posterior' (the least-squares point and the posterior disagree: quote the
     posterior median). Empty lists are left out."""
     out = {}
-    for f in platform.fit:
-        n = f["param"]
+    for n, (low, high) in priors_of(platform, res).items():
         if n not in res.names:
             continue
         i = res.names.index(n)
-        lo, hi = np.log(f["low"]), np.log(f["high"])
+        lo, hi = np.log(low), np.log(high)
         x, q5, q95 = np.log(res.point[i]), *np.log(np.percentile(res.draws[:, i], [5, 95]))
         flags = []
         if x - lo < AT_BOUND_LOG or hi - x < AT_BOUND_LOG:
@@ -335,13 +344,20 @@ def fitted_yaml(platform, res: FitResult, today: str) -> dict:
                       f"draws paired at random with this fit's)")
             note = f"{tnote} {interval}"
         else:
-            prior = next(f for f in platform.fit if f["param"] == knob)
-            source = f"fitted on rows [{', '.join(ids)}] (fit-device {today}: least squares on log time; emcee posterior)"
-            note = f"{interval}; prior log-uniform [{prior['low']:g}, {prior['high']:g}]"
+            low, high = priors_of(platform, res)[knob]
+            pool = res.pooled or {}
+            if knob in pool.get("shared", ()):
+                source = (f"fitted jointly for the generation pool {'+'.join(pool['chips'])} on rows "
+                          f"[{', '.join(pool['rows'])}] (fit-device --pool {today}: one value shared by the chips; "
+                          "least squares on log time; emcee posterior)")
+            else:
+                source = (f"fitted on rows [{', '.join(ids)}] (fit-device {today}: least squares on log time; emcee "
+                          "posterior" + (f"; chip-level term of the pool {'+'.join(pool['chips'])})" if pool else ")"))
+            note = f"{interval}; prior log-uniform [{low:g}, {high:g}]"
         entry.update(value=_sig(res.point[i]), confidence="M", source=source,
                      note=f"was {entry['value']!r} ({entry['source']}); {note}",
                      interval={"p5": _sig(q5), "p50": _sig(q50), "p95": _sig(q95)})
-    doc["fit"] = [dict(f) for f in platform.fit]
+    doc["fit"] = [{"param": k, "low": lo, "high": hi} for k, (lo, hi) in priors_of(platform, res).items()]
     flags = parameter_flags(platform, res)
     for knob, fl in flags.items():
         role, _, key = knob.partition("_")
@@ -366,6 +382,7 @@ def fitted_yaml(platform, res: FitResult, today: str) -> dict:
                         for g, v in (res.cv or {}).items()},
         "transferred": {"platform": src.name, "params": list(tnames), "note": tnote} if src else None,
         "flags": flags,
+        "pooled": None if not res.pooled else {k: res.pooled[k] for k in ("chips", "shared")},
         "point_value": "the least-squares point (each parameter's `value`); its posterior median is `interval.p50`",
         "draws": [[_sig(v) for v in d] for d in res.draws], "sigma_log": [_sig(s) for s in res.sigma]}
     return doc
