@@ -70,7 +70,11 @@ def _interval(platform, rows, post, seed):
     params = with_draws(base, post["params"], draws)
     rs = RowSet.of(rows)
     pred = rs.predicted(params)                                         # (S, rows)
-    sigma = predictive_sigma(post, [row_group(d, k) for d, k in zip(rows.device, rows.kind)])
+    # a whole-model power row predicts watts with the power model the fit rows of kind power test: its noise is
+    # theirs (the fit noise), not the transfer sigma of times (decided 2026-12-03 after a first look at these
+    # rows' intervals, 48x wide on the M4 Max; docs/sources/DEVICE_MODEL.md §8)
+    sigma = predictive_sigma(post, [row_group(d, "power" if k == "model_power" else k)
+                                    for d, k in zip(rows.device, rows.kind)])
     pred = with_noise(pred, sigma / rs.weight, seed)
     return np.percentile(pred, 5, axis=0), np.percentile(pred, 95, axis=0)
 
@@ -99,10 +103,11 @@ def goal_lines(res: pd.DataFrame) -> list[str]:
             return "-"
         ok = v >= GOALS[name] if name == "coverage" else v <= GOALS[name]
         return (f"{v:.0%}" if name == "coverage" else f"{v:.2f}x") + (" met" if ok else " NOT met")
-    for role, g in res.groupby("role", sort=True):
+    what = res.role + np.where(res.measured_w.notna(), " (watts)", " (time)")
+    for role, g in res.groupby(what, sort=True):
         s = role_scores(g)
         lines.append(f"| {role} | {len(g)} | " + " | ".join(cell(k, s[k]) for k in GOALS) + " |")
-    val = res[res.role == "validate"]
+    val = res[(res.role == "validate") & res.measured_s.notna()]        # the goals are on whole-model times
     if len(val):
         s = role_scores(val)
         missed = []
@@ -117,7 +122,7 @@ def goal_lines(res: pd.DataFrame) -> list[str]:
                        for r in val.itertuples() if r.covered is False or r.covered == False]  # noqa: E712
         if s["median fold"] > GOALS["median fold"]:
             missed.append(f"median fold {s['median fold']:.2f}x over {len(val)} validate rows")
-        lines += ["", "Validate rows that miss a goal: " + ("; ".join(missed) if missed else "none") + "."]
+        lines += ["", "Validate time rows that miss a goal: " + ("; ".join(missed) if missed else "none") + "."]
     return lines
 
 
