@@ -30,6 +30,10 @@ CPU = "measure --device cpu"
 MEASUREMENTS = {     # parameter -> (npumoe-lab command or None, what it measures)
     "npu_dispatch_s": (CM_TINY, "its call_floor row: the smallest graph's Core ML call"),
     "npu_sync_s": (CM_TINY, "its call_floor row: the Core ML round trip"),
+    "npu_throughput_flops": (CM_QWEN, "expert-group GEMM chains: the single-graph rate the roofline uses"),
+    "npu_direct_dispatch_s": (None, "a direct-path (private API) call floor, e.g. ANEForge's dispatch probe"),
+    "npu_direct_rows_half": (None, "a direct-path (private API) 1-row GEMV, e.g. ANEForge's GEMV probe"),
+    "npu_direct_bandwidth_bytes_s": (None, "a direct-path (private API) large GEMV, e.g. ANEForge's GEMV sweep"),
     "npu_graph_peak_flops": (CM_QWEN, "expert-group GEMM chains at capacities 8-512: the rate of large groups"),
     "npu_work_half_flops": (CM_QWEN, "groups of 1 and 8 experts: the per-call fill"),
     "npu_rows_half": (CM_QWEN, "capacities 8 vs 512: the row tile"),
