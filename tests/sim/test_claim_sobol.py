@@ -44,3 +44,15 @@ def test_bad_inputs_say_what_to_do():
     with pytest.raises(NpuMoeError, match="varies"):
         sobol_indices({"npu_fixed": np.ones(10)}, lambda p: {"c": p["npu_fixed"]}, n_base=16)
     assert factors_of({"npu_x_throughput_curve": None, "npu_y": np.arange(5.0) + 1}) == ["npu_y"]
+
+
+def test_sensitivity_sobol_apportions_power_only_to_energy():
+    """run_sobol on a small simulation: power parameters cannot move a time or a cycle count (total index ~0
+    there) and do move the energy conclusion; P(holds) is the share of joint draws where the ratio > 1."""
+    from npumoe_lab.sim.global_sensitivity import run_sobol
+    eff, probs = run_sobol("m2-max", "phi-tiny-moe", "synthetic:gini=0.5", 256, 128, n_base=32, draws=200)
+    st = eff.set_index(["conclusion", "factor"]).ST
+    for c in ("npumoe faster than cpu-only", "npumoe fewer CPU cycles than cpu-only"):
+        assert abs(st[(c, "npu_active_power_w")]) < 0.02, c
+    assert st[("npumoe less energy than cpu-only", "cpu_power_per_core_w")] > 0.05
+    assert probs.p_holds.between(0, 1).all() and probs.settle.str.len().gt(0).all()
