@@ -13,6 +13,9 @@ def register_cli(sub) -> None:
     p.add_argument("--steps", type=int, default=30000, help="emcee steps per walker (the first third is burn-in)")
     p.add_argument("--walkers", type=int, default=0, help="emcee walkers (0: 4 x dimensions, at least 32)")
     p.add_argument("--seed", type=int, default=0, help="seed of the emcee walkers (default 0)")
+    p.add_argument("--pool", action="store_true",
+                   help="--platform A,B (chips of one ANE generation): fit them jointly, the generation's compute and "
+                        "per-call terms shared, each chip's bandwidth and CPU terms its own (devices/fit_pooled.py)")
     p.add_argument("--include-busy", action="store_true",
                    help="cpu platform: fit on rows flagged host_busy too (a busy host; the fit file says so)")
     p.set_defaults(func=_cli)
@@ -21,18 +24,33 @@ def register_cli(sub) -> None:
 def _cli(a) -> int:
     # lazy: numpy, emcee and the platform files load only when the command runs (`--help` stays fast)
     from pathlib import Path
-    import numpy as np
     from npumoe_lab.devices.cpu_fit import fit_cli
     from npumoe_lab.devices.fit import fit_platform, write_fit
     from npumoe_lab.devices.measurements import load_measurements
     from npumoe_lab.devices.platform import resolve_platform
     if a.steps < 30:
         raise NpuMoeError(f"--steps {a.steps} is too few for a posterior; use at least 30 (default 30000)")
+    if a.pool:
+        from npumoe_lab.devices.fit_pooled import fit_pool      # lazy as above
+        plats = [resolve_platform(x.strip()) for x in a.platform.split(",") if x.strip()]
+        if len(plats) < 2:
+            raise NpuMoeError(f"--pool needs two or more platforms in --platform (a comma list), got {a.platform!r}")
+        results = fit_pool(plats, load_measurements(a.measurements), steps=a.steps, walkers=a.walkers, seed=a.seed)
+        for plat, res in zip(plats, results):
+            _say(plat, res, write_fit(plat, res, Path(a.out)))
+        return 0
     platform = resolve_platform(a.platform)
     if platform.kind == "measured":     # this host: its op-level model is fitted on `measure` rows (cpu_fit.py)
         return fit_cli(a)
     res = fit_platform(platform, load_measurements(a.measurements), steps=a.steps, walkers=a.walkers, seed=a.seed)
-    path = write_fit(platform, res, Path(a.out))
+    _say(platform, res, write_fit(platform, res, Path(a.out)))
+    return 0
+
+
+def _say(platform, res, path) -> None:
+    """One fitted platform's summary: errors on its fit rows, sampler health, transfer sigma, values and flags."""
+    import numpy as np      # lazy: see _cli
+    from npumoe_lab.devices.fit import parameter_flags      # lazy: see _cli
     err = np.abs(np.expm1(res.point_residuals))
     moved = len(res.transferred[1]) if res.transferred else 0
     print(f"fitted {len(res.names) - moved} parameters"
@@ -46,5 +64,5 @@ def _cli(a) -> int:
           "\n".join(f"  {n} = {v:.4g}  (90 % {np.percentile(res.draws[:, i], 5):.3g}-"
                     f"{np.percentile(res.draws[:, i], 95):.3g})" for i, (n, v) in enumerate(zip(res.names,
                                                                                                res.point))) +
+          "".join(f"\n  FLAGGED {n}: {', '.join(fl)}" for n, fl in parameter_flags(platform, res).items()) +
           f"\nwritten {path}")
-    return 0

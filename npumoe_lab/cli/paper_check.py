@@ -11,17 +11,19 @@ def _paper_check(a) -> int:
     # lazy: pandas, torch and matplotlib load only when the command runs (`--help` stays fast)
     from npumoe_lab.results.store import write_rows
     from npumoe_lab.sim.figures import paper_check_figure
+    from npumoe_lab.sim.claim_sobol import sobol_lines
     from npumoe_lab.sim.papercheck import GRID, fitted_platforms, markdown, paper_check, side_by_side
     from npumoe_lab.viz import figcheck
     t0 = time.perf_counter()
     fits = fitted_platforms(GRID["platforms"], a.fitted) if a.fitted else {}
-    table, sens, df = paper_check(a.routing, a.seed, not a.no_sensitivity, draws=a.draws)
+    sobol = a.sobol if a.draws else 0
+    table, sens, df = paper_check(a.routing, a.seed, not a.no_sensitivity, draws=a.draws, sobol=sobol)
     out = Path(a.out)
-    text = markdown(table, sens, a.routing)
+    text = markdown(table, sens, a.routing) + "\n".join(sobol_lines(table.attrs.get("claims_sobol", []))) + "\n"
     ftable = fdf = None
     if fits:                   # the same check on the fitted platforms, side by side
-        ftable, _, fdf = paper_check(a.routing, a.seed, False, platform_map=fits, draws=a.draws)
-        text += side_by_side(table, ftable, fits)
+        ftable, _, fdf = paper_check(a.routing, a.seed, False, platform_map=fits, draws=a.draws, sobol=sobol)
+        text += side_by_side(table, ftable, fits) + "\n".join(sobol_lines(ftable.attrs.get("claims_sobol", []))) + "\n"
     print(text + f"\n{len(table)} quantities in {time.perf_counter() - t0:.0f} s", flush=True)   # before any write
     with writes(out, "the table is printed above"):
         write_rows(df, out / "grid")
@@ -50,5 +52,8 @@ def register_cli(sub) -> None:
     p.add_argument("--draws", type=int, default=100,
                    help="parameter draws for each quantity's 90%% interval (the platform's posterior, else a prior from its sourced alternatives; 0: none; "
                         "default 100)")
+    p.add_argument("--sobol", type=int, default=128,
+                   help="Saltelli base sample N of each claim's Sobol indices and its 'to settle' line (a power of "
+                        "two; 0: none; default 128)")
     p.add_argument("--out", default="results/paper-check", help="folder (default results/paper-check)")
     p.set_defaults(func=_paper_check)

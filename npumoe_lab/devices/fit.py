@@ -39,6 +39,7 @@ from npumoe_lab.utils import REPO_ROOT, progress
 from npumoe_lab.devices.platform import PLATFORM_DIR, get_platform, parse_platform_spec
 from npumoe_lab.devices.price import op_columns, platform_params, power, price, with_draws
 from npumoe_lab.devices.workload import row_op
+from npumoe_lab.devices.fit_flags import parameter_flags, priors_of
 
 SIGMA_BOUNDS = (0.01, 2.0)
 
@@ -187,6 +188,8 @@ class FitResult:
     transfer_sigma: float | None = None     # RMS of the cv errors (or the transfer source's); None: no estimate
     transferred: tuple = ()     # (source platform, [params], note) from the YAML's transfer block, or ()
     fitted_groups: tuple = ()   # device/kind groups of the fit rows
+    pooled: dict | None = None  # fit_pooled: {"chips": [...], "shared": [...], "priors": {param: (low, high)},
+                                # "rows": [ids of every chip's fit rows]}
 
 
 def fit_platform(platform, df, steps: int = 30000, walkers: int = 0, seed: int = 0, starts: int = 8) -> FitResult:
@@ -300,13 +303,24 @@ def fitted_yaml(platform, res: FitResult, today: str) -> dict:
                       f"draws paired at random with this fit's)")
             note = f"{tnote} {interval}"
         else:
-            prior = next(f for f in platform.fit if f["param"] == knob)
-            source = f"fitted on rows [{', '.join(ids)}] (fit-device {today}: least squares on log time; emcee posterior)"
-            note = f"{interval}; prior log-uniform [{prior['low']:g}, {prior['high']:g}]"
+            low, high = priors_of(platform, res)[knob]
+            pool = res.pooled or {}
+            if knob in pool.get("shared", ()):
+                source = (f"fitted jointly for the generation pool {'+'.join(pool['chips'])} on rows "
+                          f"[{', '.join(pool['rows'])}] (fit-device --pool {today}: one value shared by the chips; "
+                          "least squares on log time; emcee posterior)")
+            else:
+                source = (f"fitted on rows [{', '.join(ids)}] (fit-device {today}: least squares on log time; emcee "
+                          "posterior" + (f"; chip-level term of the pool {'+'.join(pool['chips'])})" if pool else ")"))
+            note = f"{interval}; prior log-uniform [{low:g}, {high:g}]"
         entry.update(value=_sig(res.point[i]), confidence="M", source=source,
                      note=f"was {entry['value']!r} ({entry['source']}); {note}",
                      interval={"p5": _sig(q5), "p50": _sig(q50), "p95": _sig(q95)})
-    doc["fit"] = [dict(f) for f in platform.fit]
+    doc["fit"] = [{"param": k, "low": lo, "high": hi} for k, (lo, hi) in priors_of(platform, res).items()]
+    flags = parameter_flags(platform, res)
+    for knob, fl in flags.items():
+        role, _, key = knob.partition("_")
+        doc[role][key]["note"] += "; FLAGGED: " + ", ".join(fl)
     doc["posterior"] = {
         "method": "emcee EnsembleSampler (DE 0.8 + DE-snooker 0.2) over log-parameters and a log-noise sigma; "
                   "likelihood normal in log(predicted/measured time or power)",
@@ -326,6 +340,9 @@ def fitted_yaml(platform, res: FitResult, today: str) -> dict:
         "transfer_cv": {g: {"rows": len(v), "rms_log": _sig(float(np.sqrt(np.mean(np.square(v)))))}
                         for g, v in (res.cv or {}).items()},
         "transferred": {"platform": src.name, "params": list(tnames), "note": tnote} if src else None,
+        "flags": flags,
+        "pooled": None if not res.pooled else {k: res.pooled[k] for k in ("chips", "shared")},
+        "point_value": "the least-squares point (each parameter's `value`); its posterior median is `interval.p50`",
         "draws": [[_sig(v) for v in d] for d in res.draws], "sigma_log": [_sig(s) for s in res.sigma]}
     return doc
 
@@ -340,5 +357,5 @@ def write_fit(platform, res: FitResult, out: Path) -> Path:
     return path
 
 
-__all__ = ["fit_platform", "fit_rows", "write_fit", "fitted_yaml", "RowSet", "FitResult",
+__all__ = ["fit_platform", "fit_rows", "write_fit", "fitted_yaml", "RowSet", "FitResult", "parameter_flags",
            "SIGMA_BOUNDS"]

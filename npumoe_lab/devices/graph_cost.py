@@ -103,3 +103,19 @@ def call_power(dev, op, seconds: float) -> float:
     peak = dev.clusters * dev.graph_peak_flops if dev.graph_model else dev.throughput_flops
     util = min(1.0, op.flops / (seconds * peak)) if seconds > 0 else 0.0
     return floor + (dev.active_power_w - floor) * util
+
+
+def npu_energy_j(dev, flops: float, seconds: float) -> float:
+    """Joules of NPU work of `flops` busy for `seconds` on `dev`: call_power x seconds = floor x seconds +
+    (active - floor) x min(seconds, flops / peak). The energy the fit's power model implies (the same formula
+    prices power rows), so simulations and runs charge what the fitted watts say, not active_power_w throughout."""
+    if seconds <= 0:
+        return 0.0
+    return call_power(dev, _Flops(flops), seconds) * seconds
+
+
+class _Flops:       # the one attribute call_power reads of an op
+    __slots__ = ("flops",)
+
+    def __init__(self, flops: float):
+        self.flops = flops

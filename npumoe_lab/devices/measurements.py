@@ -22,7 +22,8 @@ from npumoe_lab.devices.graph_cost import WEIGHT_FORMATS
 
 MICRO_KINDS = ("gemm", "conv_chain", "gemv_stream", "call_floor", "power", "attention", "router", "gather_scatter",
                "mem_stream")
-WHOLE_KINDS = ("model_forward", "moe_layer")
+WHOLE_KINDS = ("model_forward", "moe_layer", "model_power")     # model_power: watts during a whole forward
+POWER_KINDS = ("power", "model_power")
 KINDS = MICRO_KINDS + WHOLE_KINDS
 DEVICES = ("npu", "cpu")
 PATHS = ("coreml", "direct", "onnxruntime", "torch", "accelerate")
@@ -156,9 +157,10 @@ def check_row(row: dict, where: str) -> dict:
         raise NpuMoeError(f"{where}: measured_s must be a positive number of seconds (or null for a power row)")
     if pw is not None and not _positive(pw):
         raise NpuMoeError(f"{where}: power_w must be a positive number of watts")
-    if ms is None and (row["kind"] != "power" or pw is None):
-        raise NpuMoeError(f"{where}: measured_s is null; only a power row (kind power, with power_w) may omit it")
-    if row["kind"] == "power" and pw is None:
+    if ms is None and (row["kind"] not in POWER_KINDS or pw is None):
+        raise NpuMoeError(f"{where}: measured_s is null; only a power row (kind power or model_power, with "
+                          "power_w) may omit it")
+    if row["kind"] in POWER_KINDS and pw is None:
         raise NpuMoeError(f"{where}: a power row needs power_w")
     if row.get("energy_j") is not None and not _positive(row["energy_j"]):
         raise NpuMoeError(f"{where}: energy_j must be a positive number of joules")

@@ -171,6 +171,18 @@ def price(params: dict, ops: dict) -> np.ndarray:
     return np.where(ops["role"] == 0, npu, _roofline(params, "cpu", ops))
 
 
+def npu_energy(params: dict, flops: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """Joules (D, N) of NPU ops of `flops` (N,) busy `seconds` (D, N): floor x t + (active - floor) x min(t,
+    flops / peak), i.e. power() x seconds (graph_cost.npu_energy_j); without a floor, active x t."""
+    seconds = np.asarray(seconds, dtype=float)
+    graph = _col(params, "npu_graph_model") > 0.5
+    peak = np.where(graph, _col(params, "npu_clusters") * _col(params, "npu_graph_peak_flops"),
+                    _col(params, "npu_throughput_flops"))
+    act, floor = _col(params, "npu_active_power_w"), _col(params, "npu_floor_power_w")
+    full = np.minimum(seconds, np.asarray(flops, dtype=float) / peak)
+    return np.where(np.isnan(floor), act * seconds, floor * seconds + (act - floor) * full)
+
+
 def power(params: dict, ops: dict, seconds: np.ndarray) -> np.ndarray:
     """Modeled watts (D, N) of ops running `seconds` (price()): floor + (active - floor) x achieved/peak rate
     (graph_cost.call_power); the cpu role and a missing floor give constant active power."""

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 
 from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.devices.graph_cost import npu_energy_j
 
 DEVICES = ("npu", "cpu")
 TIMING_SOURCES = ("measured", "modeled")
@@ -201,7 +202,9 @@ def summarize(events, platform, n_tokens: int, measured_energy_j: float | None =
         energy_note = "RAPL package energy over the run"
     else:
         npu = platform.npu
-        npu_j = 0.0 if shared else npu.active_power_w * busy["npu"] + npu.idle_power_w * max(ttft - busy["npu"], 0)
+        # the fit's power model per event (floor + (active - floor) x utilisation: graph_cost.npu_energy_j)
+        npu_j = 0.0 if shared else sum(npu_energy_j(npu, e.flops, e.duration_s) for e in events if e.device == "npu") \
+            + npu.idle_power_w * max(ttft - busy["npu"], 0)
         cpu_j = _watts_per_core(platform) * core_s + platform.cpu.idle_power_w * max(ttft - host_busy, 0.0)
         energy = npu_j + cpu_j
         energy_source = combined_source(MODELED if e.timing_source == "modeled" else TIME_X_POWER for e in events)

@@ -18,6 +18,7 @@ from scipy import sparse
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.ops import OP_KINDS
 from npumoe_lab.execution.timeline import CYCLES_DEFINITION, MODELED, ROW_SCHEMA_VERSION, Event, schedule
+from npumoe_lab.devices.price import npu_energy
 from npumoe_lab.sim.pricing import INTERVAL, array_priced, parameter_draws, platform_params, price_stream
 from npumoe_lab.sim.stream import BRANCH, CPU, JOIN, KIND, NPU, stream_from_ops
 
@@ -103,7 +104,9 @@ def stream_metrics(stream, params: dict, shared: bool) -> dict:
         host_call = p["npu_host_cores"] * (p["npu_dispatch_s"] + p["npu_sync_s"])
         core_s = cores * cpu_busy + r.npu_calls * host_call
     host_busy = cpu_busy + (npu_busy if shared else 0.0)
-    npu_j = 0.0 if shared else p["npu_active_power_w"] * npu_busy \
+    # the fit's power model per op (devices/price.npu_energy: floor + (active - floor) x utilisation), not
+    # active power through all busy time
+    npu_j = 0.0 if shared else npu_energy(params, r.cols["flops"], d) @ r.per_role[:, 0] \
         + p["npu_idle_power_w"] * np.maximum(ttft - npu_busy, 0)
     watts_per_core = (p["cpu_power_per_core_w"] * cores) / cores
     energy = npu_j + (watts_per_core * core_s + p["cpu_idle_power_w"] * np.maximum(ttft - host_busy, 0.0))

@@ -19,10 +19,14 @@ import numpy as np
 import pandas as pd
 
 from npumoe_lab.devices import get_platform
+from npumoe_lab.devices.graph_cost import npu_energy_j
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.planning.variants import parse_variants
 from npumoe_lab.sim.run import WEIGHT_FORMATS, iter_simulation
-from npumoe_lab.sim.sensitivity import VARIANTS, score
+from npumoe_lab.sim.array_replay import stream_metrics
+from npumoe_lab.sim.claim_sobol import settle_gains, settle_line, sobol_indices
+from npumoe_lab.sim.pricing import parameter_draws
+from npumoe_lab.sim.sensitivity import CONCLUSIONS, VARIANTS, score
 
 STRUCTURES = {"curve": {"npu_graph_model": "roofline"}, "graph": {"npu_graph_model": "graph"}, "flat": None}
 BANDS = {"H": 1.1, "M": 1.3, "L": 2.0}
@@ -51,6 +55,8 @@ class StreamPricer:
 
     def summary(self, platform) -> dict:
         price = np.array([platform.device(r).estimate(c) for r, c in self.keys])
+        npu_j_key = np.array([npu_energy_j(platform.npu, c.flops, t) if r == "npu" else 0.0
+                              for (r, c), t in zip(self.keys, price)])
         dur = price[self.idx_arr]
         shared = platform.npu_shares_cpu
         free, ends, d = {"npu": 0.0, "cpu": 0.0}, [], dur.tolist()
@@ -70,7 +76,7 @@ class StreamPricer:
             core_s = platform.cpu.cores * busy_cpu + platform.npu.host_call_s * float(self.calls_arr[self.is_npu].sum())
         npu, cpu = platform.npu, platform.cpu
         host_busy = busy_cpu + (busy_npu if shared else 0.0)
-        npu_j = 0.0 if shared else npu.active_power_w * busy_npu + npu.idle_power_w * max(ttft - busy_npu, 0.0)
+        npu_j = 0.0 if shared else float(npu_j_key[self.idx_arr].sum()) + npu.idle_power_w * max(ttft - busy_npu, 0.0)
         energy = npu_j + cpu.active_power_w / cpu.cores * core_s + cpu.idle_power_w * max(ttft - host_busy, 0.0)
         return {"ttft_s": ttft, "energy_per_token_mj": energy / self.n_tokens * 1e3, "cpu_cycles": core_s * cpu.freq_hz}
 
@@ -170,6 +176,50 @@ def run_global(spec: str, geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6"
     return pd.DataFrame(effects), pd.DataFrame(probs)
 
 
+def run_sobol(spec: str, geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", prompt_len=1024, chunk=512,
+              weights="fp16", n_base: int = 128, draws: int = 2000, seed: int = 0):
+    """(effects, probabilities) like run_global, by the same Sobol machinery as paper-check's claims
+    (claim_sobol.py): SALib Sobol S1 / ST of each conclusion's log ratio over the platform's draws (posterior, prior
+    for the rest, predictive noise), P(holds) under the joint draws, and the measurement that would settle it."""
+    if weights not in WEIGHT_FORMATS:
+        raise NpuMoeError(f"--weights {weights!r}: use one of {', '.join(WEIGHT_FORMATS)}")
+    base = get_platform(spec, **WEIGHT_FORMATS[weights])
+    variants = sorted({v for num, den, _ in CONCLUSIONS.values() for v in (num, den)})
+    streams = {r["variant"]: res.stream for r, res in
+               iter_simulation(geometry, routing, [base], ",".join(variants), prompt_len, chunk, weights, seed)}
+
+    def evaluate(params):
+        m = {v: stream_metrics(st, params, base.npu_shares_cpu) for v, st in streams.items()}
+        return {c: m[num][metric] / m[den][metric] for c, (num, den, metric) in CONCLUSIONS.items()}
+    joint = parameter_draws(base, draws, seed)
+    y = evaluate(joint)
+    sob = sobol_indices(joint, evaluate, n_base, seed)
+    effects, probs = [], []
+    for c, s in sob.items():
+        gains = settle_gains(joint, y[c])
+        for j, k in enumerate(s["names"]):
+            effects.append(dict(platform=base.label, structure="as given", conclusion=c, factor=k,
+                                S1=float(s["S1"][j]), ST=float(s["ST"][j]), S1_conf=float(s["S1_conf"][j]),
+                                ST_conf=float(s["ST_conf"][j]), settle_gain=gains.get(k, 0.0)))
+        probs.append(dict(platform=base.label, structure="as given", over="joint draws", conclusion=c,
+                          p_holds=float(np.mean(y[c] > 1)), n=draws, ratio_median=float(np.median(y[c])),
+                          settle=settle_line(c, base.chip, gains)))
+    return pd.DataFrame(effects), pd.DataFrame(probs)
+
+
+def sobol_report(effects: pd.DataFrame, probs: pd.DataFrame) -> str:
+    """Per platform and conclusion: P(holds), the largest total Sobol indices, and the 'to settle' line."""
+    lines = []
+    for r in probs.itertuples():
+        e = effects[(effects.platform == r.platform) & (effects.conclusion == r.conclusion)]
+        top = e.sort_values("ST", ascending=False).head(3)
+        lines.append(f"- **{r.conclusion}** on `{r.platform}`: P(holds) = {r.p_holds:.2f} (median ratio "
+                     f"{r.ratio_median:.2f}, n = {r.n}); Sobol S1 / ST: "
+                     + ", ".join(f"{x.factor} {x.S1:.2f} / {x.ST:.2f}" for x in top.itertuples())
+                     + f". {r.settle[0].upper() + r.settle[1:]}.")
+    return "\n".join(lines)
+
+
 def report(effects: pd.DataFrame, probs: pd.DataFrame) -> str:
     """Per platform and conclusion: P(holds) per structure (and under the posterior) and the top factors."""
     lines = []
@@ -183,4 +233,4 @@ def report(effects: pd.DataFrame, probs: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["run_global", "factors", "report", "StreamPricer", "STRUCTURES"]
+__all__ = ["run_global", "run_sobol", "sobol_report", "factors", "report", "StreamPricer", "STRUCTURES"]

@@ -27,6 +27,7 @@ import pandas as pd
 
 from npumoe_lab.devices import get_platform
 from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.sim.claim_sobol import claims_sensitivity
 from npumoe_lab.sim.array_replay import INTERVAL_METRICS, expert_ffn_and_scatter_s
 from npumoe_lab.sim.pricing import INTERVAL, draws_source, parameter_draws, price_stream
 from npumoe_lab.sim.report import BASELINES, PAPER_END_TO_END, PAPER_RANGES
@@ -170,13 +171,14 @@ def fitted_platforms(grid_platforms: str, fitted_dir) -> dict:
 
 
 def paper_check(routing: str = "synthetic:gini=0.6", seed: int = 0, sensitivity: bool = True, grid: dict = GRID,
-                platform_map: dict | None = None, draws: int = 100):
+                platform_map: dict | None = None, draws: int = 100, sobol: int = 0):
     """(table, sensitivity rows of the point setting, simulated grid rows): one table row per predictable paper
     number. `grid`: the simulated grid (default the paper's; tests pass a smaller one). `platform_map`: {grid
     platform name: platform spec to simulate instead} (e.g. its fit, fitted_platforms); rows keep the grid name.
     `draws`: parameter draws (the platforms' posterior, else the sourced prior) for each quantity's 90 % interval
-    (0: none)."""
-    rows, breakdown, metrics, bdraws, drawn = [], {}, [], {}, {}
+    (0: none). `sobol`: Saltelli base sample N of the claims' Sobol indices and "to settle" lines (claim_sobol.py;
+    0: none): in the claim rows' `sobol_top` / `settle` columns and `table.attrs["claims_sobol"]`."""
+    rows, breakdown, metrics, bdraws, drawn, entries = [], {}, [], {}, {}, {}
     platform_map = platform_map or {}
     specs = [platform_map.get(n, n) for n in grid["platforms"].split(",")]
     back = {get_platform(s).name: n for n, s in zip(grid["platforms"].split(","), specs)}
@@ -184,6 +186,8 @@ def paper_check(routing: str = "synthetic:gini=0.6", seed: int = 0, sensitivity:
                                     grid["chunk"], seed=seed, draws=draws):
         row = {**row, "platform": back.get(row["platform"], row["platform"]), "platform_spec": row["platform"]}
         rows.append(row)
+        if sobol and hasattr(res, "stream") and row["variant"] in (*BASELINES, "npumoe"):
+            entries.setdefault(row["platform"], (res.platform, []))[1].append((row, res.stream))
         metrics.append(getattr(res, "draws", None))     # None on the per-op engine (a graph-level NPU)
         if (row["model"], row["platform"], row["prompt_len"], row["chunk"]) == \
                 ("phi-3.5-moe", POINT["platform"], POINT["prompt_len"], POINT["chunk"]) and \
@@ -204,10 +208,23 @@ def paper_check(routing: str = "synthetic:gini=0.6", seed: int = 0, sensitivity:
     table = table.assign(interval_source="; ".join(srcs) or "-")
     if draws and metrics and all(m is not None for m in metrics):
         table = _intervals(df, metrics, bdraws, table)
+    if sobol and entries:
+        table = _with_claim_sobol(table, entries, sobol, seed)
     sens = pd.DataFrame()
     if sensitivity:
         table, sens = _with_sensitivity(table, routing, seed, grid["geometry"])
     return table, sens, df
+
+
+def _with_claim_sobol(table: pd.DataFrame, entries: dict, n_base: int, seed: int) -> pd.DataFrame:
+    """The claim rows with their largest Sobol indices and the measurement that would settle them."""
+    rows = [r for plat, es in entries.values()
+            for r in claims_sensitivity(es, plat, BASELINES, claim_name, n_base=n_base, seed=seed)]
+    top = {r["claim"]: ", ".join(f"{n} S1 {a:.2f} ST {b:.2f}" for n, a, b in r["sobol"][:3]) for r in rows}
+    settle = {r["claim"]: r["settle"] for r in rows}
+    out = table.assign(sobol_top=table.quantity.map(top), settle=table.quantity.map(settle))
+    out.attrs["claims_sobol"] = rows
+    return out
 
 
 def _with_sensitivity(table: pd.DataFrame, routing: str, seed: int, geometry: str):

@@ -33,9 +33,13 @@ ML dispatch_s when only the direct path's was fitted, or the CPU rates of a chip
 their prior as on a sourced one (`draws_source` says 'posterior+prior'); holding them at their point would make
 the intervals narrower than anything was measured.
 
-The prior: a parameter of confidence H is fixed at its value; one of confidence M or L is log-uniform over the range
-spanned by its value and its positive `alternatives`, or, with no alternatives, over value x [1/1.25, 1.25] (M) or
-[1/2, 2] (L). A zero value stays zero. A role's `throughput_curve` keeps its shape and scales with the drawn
+The prior: a parameter of confidence H is fixed at its value; one of confidence M or L is log-uniform and CENTRED on
+its sourced value (in log): over value x [1/f, f], f the largest factor between the value and any of its positive
+`alternatives` (so every alternative is inside), or, with no alternatives, f = 1.25 (M) or 2 (L). Centred so that
+the point value (every parameter at its source) sits in the middle of the prior, not at one end, and the point of
+a modeled number lies inside its own interval (until 2026-12-03 the range was [min, max] of the value and its
+alternatives, which put the sourced value at one end: e.g. the demo's modeled reference bar 6.0 ms below its own
+[6.6, 68] ms whisker). A zero value stays zero. A role's `throughput_curve` keeps its shape and scales with the drawn
 `throughput_flops` (its level is what the alternatives disagree on). Structural values (cores, weight_bytes, graph
 limits) are fixed: they change the plan, not the price of a given stream.
 """
@@ -98,8 +102,9 @@ def _prior_range(entry: dict) -> tuple[float, float] | None:
     alts = [float(a) for a in (entry.get("alternatives") or {}).values()
             if isinstance(a, (int, float)) and not isinstance(a, bool) and a > 0]
     lo, hi = min([float(v)] + alts), max([float(v)] + alts)
-    if hi > lo:
-        return lo, hi
+    if hi > lo:     # centred on the sourced value (in log), wide enough for every alternative
+        f = max(hi / v, v / lo)
+        return v / f, v * f
     f = SPREAD.get(entry.get("confidence"))
     return (v / f, v * f) if f else None
 

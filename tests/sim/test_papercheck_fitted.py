@@ -72,3 +72,19 @@ def test_side_by_side_states_each_probability_of_both_runs():
     claim = next(line for line in text.splitlines() if line.startswith("| npumoe faster than cpu-only on m2-max"))
     ph = fit.set_index("kind", append=True).xs("claim", level="kind").set_index("quantity").p_holds
     assert claim.rstrip(" |").endswith(f"{ph.iloc[0]:.0%}")
+
+
+def test_claims_carry_their_sobol_indices_and_a_settle_line():
+    """paper_check(sobol=N): every claim row names its largest Sobol indices and the measurement that would settle
+    it, one entry per claim in table.attrs, and the markdown lines say so."""
+    import numpy as np
+    from npumoe_lab.sim.claim_sobol import sobol_lines
+    grid = dict(geometry="phi-tiny-moe", platforms="m2-max", prompt_len="512", chunk="256")
+    table, _, _ = paper_check(sensitivity=False, grid=grid, platform_map={"m2-max": "data/fits/m2-max-fit.yaml"},
+                              draws=20, sobol=16)
+    claims = table[table.kind == "claim"]
+    assert len(claims) == 3 and claims.sobol_top.str.contains("S1").all() and claims.settle.str.len().gt(0).all()
+    rows = table.attrs["claims_sobol"]
+    assert {r["claim"] for r in rows} == set(claims.quantity)
+    assert all(0 <= r["p_holds"] <= 1 and np.isfinite([s for _, s, _ in r["sobol"]]).all() for r in rows)
+    assert any("settle" in line for line in sobol_lines(rows))
