@@ -174,7 +174,7 @@ def price_many(p: dict, ops) -> np.ndarray:
     return np.array([price(p, o) for o in ops], dtype=float)
 
 
-def fit(ops, measured_s, start: dict | None = None, fixed: dict | None = None) -> dict:
+def fit(ops, measured_s, start: dict | None = None, fixed: dict | None = None, max_nfev: int = 4000) -> dict:
     """Least squares on log time: the parameters (all of PARAMS not in `fixed`) that best price `ops` at
     `measured_s`. Returns {"params", "free", "rms_log", "n_rows", "median_abs_err", "worst_abs_err"}.
     Parameters no row informs stay at their start value (their gradient is zero) and are reported as such."""
@@ -195,7 +195,7 @@ def fit(ops, measured_s, start: dict | None = None, fixed: dict | None = None) -
     def resid(x):
         return np.log(price_many(params(x), ops)) - np.log(y)
     x0 = np.array([math.log(base[k]) for k in free])
-    sol = least_squares(resid, x0, method="trf", x_scale=1.0, max_nfev=4000)
+    sol = least_squares(resid, x0, method="trf", x_scale=1.0, max_nfev=max_nfev)
     p = params(sol.x)
     err = np.abs(price_many(p, ops) / y - 1)
     return {"params": p, "free": free, "rms_log": float(np.sqrt(np.mean(sol.fun ** 2))), "n_rows": len(ops),

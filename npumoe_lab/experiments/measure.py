@@ -29,7 +29,7 @@ from npumoe_lab.devices import get_platform
 from npumoe_lab.devices.cost import expert_ffn_cost
 from npumoe_lab.devices.cpu_model import annotate, from_op
 from npumoe_lab.devices.hostload import HostLoad
-from npumoe_lab.devices.hostprofile import host_key
+from npumoe_lab.devices.hostprofile import host_chip as _host_chip
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.experts import attach, detach
 from npumoe_lab.execution.ops import Op
@@ -38,7 +38,7 @@ from npumoe_lab.experiments.geometry_model import random_ids, random_model
 from npumoe_lab.models import describe
 from npumoe_lab.planning.layout import ExecutionLayout
 from npumoe_lab.results.atomic import atomic_open
-from npumoe_lab.utils import host_description, progress, sha256_json
+from npumoe_lab.utils import host_description, progress
 
 DEVICES = ("cpu", "onnxruntime", "coreml")
 PATHS = {"cpu": "torch", "onnxruntime": "onnxruntime", "coreml": "coreml"}
@@ -65,8 +65,8 @@ def grid(geometry: str, quick: bool = False) -> dict:
 
 
 def host_chip() -> str:
-    """`host-<key>`: this CPU model, core count and torch build (hostprofile.host_key), hashed."""
-    return f"host-{sha256_json(host_key())[:12]}"
+    """`host-<key>`: this CPU model, core count, torch build and threads (hostprofile.host_chip)."""
+    return _host_chip()
 
 
 def _median_iqr(ts) -> tuple[float, float]:
@@ -139,9 +139,10 @@ def prefill_rows(model, geometry, mode, n_layers, chunk, prompt, repeats, device
     rows, recs = [], annotate([from_op(op) for op, _, _ in runs[0]])
     for i, (op, _, _) in enumerate(runs[0]):
         times = [r[i][2] for r in runs]
-        rid = f"{geometry}-L{n_layers}-{mode}-c{chunk}-p{prompt}-k{op.chunk}-l{op.layer}-{op.name}"
+        prefill = f"{geometry}-{dtype_name}-L{n_layers}-{mode}-c{chunk}-p{prompt}"
+        rid = f"{prefill}-k{op.chunk}-l{op.layer}-{op.name}"
         rows.append(_row(rid, op, times, load, device, geometry, dtype_name,
-                         {"rows": chunk, "context": op.chunk * chunk, "layers": n_layers},
+                         {"rows": chunk, "context": op.chunk * chunk, "layers": n_layers, "prefill": prefill},
                          note=f"one {op.kind} op of a {n_layers}-layer {mode} prefill ({prompt} tokens in chunks "
                               f"of {chunk}), engine clock", rec=recs[i]))
     return rows
@@ -191,7 +192,7 @@ def group_rows(model, geometry, capacity, sizes, repeats, device, npu_backend, d
         G, C, I = len(gs.experts), gs.capacity, spec.intermediate
         cost = expert_ffn_cost(G, C, H, I, dtype_bytes=2, weight_bytes=2)
         op = Op(f"group{gs.id}", "expert_group", "npu", spec.layer, 0, cost, (G, C, H, I))
-        rows.append(_row(f"{geometry}-group-G{G}-C{C}", op, times[j], load, device, geometry, dtype_name,
+        rows.append(_row(f"{geometry}-{dtype_name}-group-G{G}-C{C}", op, times[j], load, device, geometry, dtype_name,
                          {"gemms": [[C, 2 * I, H, G], [C, H, I, G]], "rows": C},
                          note=f"one static group of {G} experts at capacity {C} (every slot computed), called as "
                               "PlanExecutor._group_call runs it"))
@@ -211,8 +212,9 @@ def check_args(device: str, geometries, repeats) -> None:
 
 
 def measure_device(device: str = "cpu", geometries=GEOMETRIES, repeats: int = 5, quick: bool = False,
-                   seed: int = 0) -> list[dict]:
-    """Run the grid on `device`; returns the rows (see module doc)."""
+                   seed: int = 0, dtype="auto") -> list[dict]:
+    """Run the grid on `device` with models in `dtype` ("auto": this CPU's fast dtype; each dtype is fitted apart,
+    so a run in fp32 is priced by fp32 rows); returns the rows (see module doc)."""
     check_args(device, geometries, repeats)
     if device == "coreml":
         raise NpuMoeError("measure_device runs the cpu and onnxruntime grids; Core ML: measure_coreml.measure_coreml")
@@ -220,7 +222,7 @@ def measure_device(device: str = "cpu", geometries=GEOMETRIES, repeats: int = 5,
         from npumoe_lab.backends.onnxruntime import require_onnxruntime   # lazy: an optional, heavy dependency
         require_onnxruntime()
     npu_backend = None if device == "cpu" else device
-    dtype = resolve_dtype("auto")
+    dtype = resolve_dtype(dtype)
     rows = []
     for geom in geometries:
         spec = grid(geom, quick)
