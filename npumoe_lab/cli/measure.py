@@ -31,7 +31,7 @@ def _cli(a) -> int:
         return 0
     rows = with_torch_threads(measure_device)(a.device, geoms, a.repeats, a.quick, a.seed, a.dtype,
                                                      threads=a.threads)
-    path = write_measurements(rows, a.out, a.device)
+    path = write_measurements(rows, a.out, a.device, dtype=a.dtype)
     busy = sum(r["host_busy"] for r in rows)
     print(f"{len(rows)} measured rows ({busy} flagged host_busy) written to {path}")
     return 0

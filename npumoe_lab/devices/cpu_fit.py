@@ -73,10 +73,8 @@ def _intervals(res, cov) -> dict:
 
 
 def prefill_group(row) -> str | None:
-    """The prefill a `measure` row's op came from (work.prefill, else read from its id), None for a group row."""
-    work = row["work"]
-    if isinstance(work, dict) and work.get("prefill"):
-        return str(work["prefill"])
+    """The prefill a `measure` row's op came from (read from its id: <prefill>-k<chunk>-l<layer>-<op>), None for
+    a group row."""
     m = re.match(r"^(.*-p\d+)-k\d+-l", str(row["id"]))
     return m.group(1) if m else None
 

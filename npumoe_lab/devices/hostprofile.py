@@ -176,7 +176,9 @@ def fill_host_params(params: dict, profile: dict | None = None, use_fit: bool = 
     profile (measured here, or another machine's defaults: the entry's source says which)."""
     prof = load_host_profile() if profile is None else profile
     fit = find_host_fit() if use_fit and profile is None else None
-    if use_fit and profile is None and fit is None and not prof.get("measured"):
+    rates = {"gemm_bf16_flops", "gemm_fp32_flops", "mem_read_bytes_s", "module_call_s", "op_overhead_s"}
+    wants = any(e.get("from_host_profile") in rates for r in params.values() for e in r.values())
+    if use_fit and profile is None and fit is None and not prof.get("measured") and wants:
         warnings.warn("the cpu platform prices plans (residency, tuner, explorer) with DEFAULTS OF ANOTHER MACHINE "
                       f"(docs/sources/ENVIRONMENT.md): no host fit for this host's key {host_chip()}; run "
                       "`npumoe-lab measure --device cpu` and `npumoe-lab fit-device --platform cpu` to use its own",

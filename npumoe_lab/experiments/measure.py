@@ -142,7 +142,7 @@ def prefill_rows(model, geometry, mode, n_layers, chunk, prompt, repeats, device
         prefill = f"{geometry}-{dtype_name}-L{n_layers}-{mode}-c{chunk}-p{prompt}"
         rid = f"{prefill}-k{op.chunk}-l{op.layer}-{op.name}"
         rows.append(_row(rid, op, times, load, device, geometry, dtype_name,
-                         {"rows": chunk, "context": op.chunk * chunk, "layers": n_layers, "prefill": prefill},
+                         {"rows": chunk, "context": op.chunk * chunk, "layers": n_layers},
                          note=f"one {op.kind} op of a {n_layers}-layer {mode} prefill ({prompt} tokens in chunks "
                               f"of {chunk}), engine clock", rec=recs[i]))
     return rows
@@ -243,18 +243,19 @@ def measure_device(device: str = "cpu", geometries=GEOMETRIES, repeats: int = 5,
     return rows
 
 
-def write_measurements(rows, out_dir, device: str, fallbacks=None, record=None) -> Path:
-    """DIR/measurements.yaml: the rows, (key `host`) what they were measured on and (key `fallbacks`, Core ML) the
+def write_measurements(rows, out_dir, device: str, fallbacks=None, record=None, dtype: str = "auto") -> Path:
+    """DIR/measurements.yaml (DIR/measurements-<dtype>.yaml for an explicit --dtype, so both dtypes' rows share
+    one folder for fit-device): the rows, (key `host`) what they were measured on and (key `fallbacks`, Core ML) the
     graphs that fell off the NPU and were therefore not written as rows; `record`: the raw Core ML record, kept as
     DIR/coreml-record.json."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     host = {"chip": host_chip(), "device": device, "host": host_description(), "machine": _platform.machine(),
             "torch": str(torch.__version__), "torch_threads": torch.get_num_threads(),
-            **row_fields(resolve_dtype("auto")),
+            **row_fields(resolve_dtype(dtype)),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "n_rows": len(rows),
             "n_host_busy": sum(bool(r.get("host_busy")) for r in rows)}
-    path = out / MEASUREMENTS_FILE
+    path = out / (MEASUREMENTS_FILE if dtype in (None, "auto") else f"measurements-{dtype}.yaml")
     doc = {"description": f"MEASURED by npumoe-lab measure --device {device} on {host['host']} ({host['cpu_model']}, "
                           f"{host['torch_threads']} torch threads, {host['created']}); op-level micro-benchmarks, "
                           "role fit (docs/MEASUREMENTS.md)", "host": host,
