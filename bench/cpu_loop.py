@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--draw", type=int, default=cpu_draw.DEV_SEED,
                     help=f"seed of the held-out draw (default {cpu_draw.DEV_SEED}: the development draw)")
-    ap.add_argument("--budget-s", type=float, default=240.0, help="a-priori seconds for the held-out runs")
+    ap.add_argument("--budget-s", type=float, default=200.0, help="a-priori seconds for the held-out runs")
     ap.add_argument("--runs", type=int, default=None, help="draw exactly this many runs instead of a budget")
     ap.add_argument("--out", default="results/cpu-loop")
     ap.add_argument("--threads", type=int, default=2)

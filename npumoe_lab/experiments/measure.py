@@ -53,14 +53,21 @@ MODES = ("hf", "dynamic", "static", "mixed")      # experts paths of the prefill
 
 def grid(geometry: str, quick: bool = False) -> dict:
     """The bucket grid of one geometry: prefills (mode, layers, chunk, prompt) and group layouts (capacity, sizes)."""
+    # The full grid spans the CPU loop's declared held-out grid (chunks 32-512, contexts to 2048: cpu_draw.py), so
+    # a held-out run is priced inside the fit rows' range, never by extrapolation.
     if geometry == "tiny":
         chunks, prompt = ((64, 256) if quick else (64, 128, 256)), (256 if quick else 512)
         caps, sizes = ((1, 16, 64) if quick else (1, 4, 16, 64, 256)), (1, 4, 16)
         prefills = [(m, 1, c, prompt) for m in MODES for c in chunks] + [("dynamic", 2, c, prompt) for c in chunks]
+        if not quick:
+            prefills += [(m, 1, c, prompt) for m in MODES for c in (32, 512)] + \
+                [(m, 1, 512, 2048) for m in ("hf", "dynamic", "static")]
     else:
         chunks, prompt = ((256,) if quick else (128, 512)), (512 if quick else 1024)
         caps, sizes = ((8, 64) if quick else (8, 32, 128, 512)), ((1, 8) if quick else (1, 8, 32))
         prefills = [(m, 1, c, prompt) for m in MODES for c in chunks]
+        if not quick:
+            prefills += [(m, 1, 32, 128) for m in MODES] + [("static", 1, 512, 2048)]
     return {"prefills": prefills, "capacities": caps, "group_sizes": sizes}
 
 
