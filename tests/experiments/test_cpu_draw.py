@@ -68,3 +68,13 @@ def test_prompts_are_log_uniform():
     prompts = [s.prompt_len for s in cd.draw(11, n=400)]
     below = sum(p < math.sqrt(128 * 2048) for p in prompts) / len(prompts)     # the geometric middle: 512
     assert 0.4 < below < 0.6
+
+
+def test_the_measure_grid_spans_the_declared_held_out_grid():
+    """Fit rows at every drawn chunk and up to the longest drawn context: a held-out run is never priced by
+    extrapolating the fit beyond its rows."""
+    from npumoe_lab.experiments.measure import grid
+    for geom in ("tiny", "qwen3-30b-a3b"):
+        prefills = grid(geom)["prefills"]
+        assert {c for _, _, c, _ in prefills} >= ({32, 512} if geom != "tiny" else set(cd.CHUNKS))
+        assert max(p for _, _, _, p in prefills) >= cd.PROMPT_RANGE[1]
