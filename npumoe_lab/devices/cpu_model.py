@@ -35,8 +35,10 @@ over log parameters (scipy).
 
 Structure before 2026-12-02 (commit 88fea47): one rate and one utilisation curve for every GEMM with the group's
 whole work as w, one floor per group call, scatter priced by its bytes alone and the chunk's rest with the expert
-GEMMs' rate and no per-op term. Those were changed after the per-op-kind comparison of the held-out runs'
-timelines with it (README, "The device-model loop proven on this CPU").
+GEMMs' rate and no per-op term. Those were changed AFTER the per-op-kind comparison of the then held-out runs'
+timelines with it, so those hand-picked settings are spent as a test set. Since 2026-12-03 the held-out runs are
+drawn from a declared grid (experiments/cpu_draw.py, docs/CPU_LOOP.md); a structure change is made on fit-row
+residuals, the cross-validated prefill errors and the fixed development draw only, and is said here.
 """
 from __future__ import annotations
 
