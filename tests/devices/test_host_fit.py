@@ -82,6 +82,7 @@ def test_interval_by_hand_and_the_point_inside():
 
 def test_cpu_platform_finds_this_hosts_fit_by_its_key(tmp_path, monkeypatch):
     monkeypatch.setenv("NPUMOE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("NPUMOE_HOST_FIT", raising=False)            # the suite turns the lookup off (conftest)
     with pytest.warns(UserWarning, match="DEFAULTS OF ANOTHER MACHINE"):
         before = get_platform("cpu")
     assert "another machine" in before.params["cpu"]["throughput_flops"]["source"]
@@ -106,3 +107,7 @@ def test_cpu_platform_finds_this_hosts_fit_by_its_key(tmp_path, monkeypatch):
     assert plat.hash != before.hash
     from npumoe_lab.devices.hostcpu import cost_model_source
     assert "this host's fit" in cost_model_source()
+    monkeypatch.setenv("NPUMOE_HOST_FIT", "off")
+    assert hostprofile.find_host_fit() is None
+    monkeypatch.setenv("NPUMOE_HOST_FIT", str(path))                 # an explicit fit file is used as it is
+    assert hostprofile.find_host_fit()["_path"] == str(path)
