@@ -18,7 +18,7 @@ import pandas as pd
 import yaml
 
 from npumoe_lab.devices import cpu_model
-from npumoe_lab.devices.hostprofile import fill_host_params
+from npumoe_lab.devices.hostprofile import fill_host_params, host_chip, register_host_fit
 from npumoe_lab.devices.measurements import load_measurements
 from npumoe_lab.devices.platform import PLATFORM_DIR
 from npumoe_lab.errors import NpuMoeError
@@ -291,7 +291,6 @@ def load_host_uncertainty(path, dtype: str | None = None) -> dict | None:
 def fit_cli(a) -> int:
     """`fit-device --platform cpu --measurements DIR --out DIR` (fit.py hands the measured platform here); the fit
     is also registered for this host (hostprofile.register_host_fit) when the rows are this host's."""
-    from npumoe_lab.devices.hostprofile import host_chip, register_host_fit
     df = load_measurements(a.measurements)
     fits = fit_hosts(df, str(a.measurements), include_busy=getattr(a, "include_busy", False))
     path = write_fit(fits, a.out, str(a.measurements), primary=getattr(a, "primary_dtype", None))
