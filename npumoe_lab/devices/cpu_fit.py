@@ -182,7 +182,7 @@ def _fit_summary(res: dict, measurements: str, stamp: str) -> dict:
             "host_busy_skipped": res["n_busy_skipped"], "host_busy_used": res["n_busy_used"],
             "free_parameters": list(res["free"]),
             "fit_median_abs_err": res["median_abs_err"], "fit_worst_abs_err": res["worst_abs_err"],
-            "rms_log": res["rms_log"],
+            "rms_log": res["rms_log"], "torch_threads": res.get("threads"),
             # the predictive uncertainty of a whole prefill (validate-device --runs): posterior x CV noise
             "posterior_cov_log": [[float(v) for v in row] for row in np.asarray(res["cov_log"])],
             "posterior": "Laplace (Gauss-Newton) approximation at the least-squares optimum, log parameters",
@@ -285,7 +285,19 @@ def load_host_uncertainty(path, dtype: str | None = None) -> dict | None:
         return None
     sigma = summ.get("cv_sigma_log")
     return {"free": list(summ["free_parameters"]), "cov_log": np.asarray(summ["posterior_cov_log"], float),
-            "sigma_log": float(sigma) if sigma is not None and np.isfinite(sigma) else 0.0}
+            "sigma_log": float(sigma) if sigma is not None and np.isfinite(sigma) else 0.0,
+            "threads": summ.get("torch_threads")}
+
+
+def measured_threads(measurements) -> int | None:
+    """The torch threads `measure` ran at (its files' host.torch_threads; None: not recorded or they differ)."""
+    p = Path(measurements)
+    files = [p] if p.is_file() else sorted([*p.glob("*.yaml"), *p.glob("*.yml")])
+    seen = set()
+    for f in files:
+        host = (yaml.safe_load(f.read_text()) or {}).get("host") or {}
+        seen.add(host.get("torch_threads"))
+    return seen.pop() if len(seen) == 1 and None not in seen else None
 
 
 def fit_cli(a) -> int:
@@ -293,6 +305,9 @@ def fit_cli(a) -> int:
     is also registered for this host (hostprofile.register_host_fit) when the rows are this host's."""
     df = load_measurements(a.measurements)
     fits = fit_hosts(df, str(a.measurements), include_busy=getattr(a, "include_busy", False))
+    threads = measured_threads(a.measurements)
+    for res in fits.values():
+        res["threads"] = threads
     path = write_fit(fits, a.out, str(a.measurements), primary=getattr(a, "primary_dtype", None))
     for d, res in fits.items():
         print(f"{d}: fitted {len(res['free'])} parameters of the cpu host model on {len(res['rows_used'])} fit rows "

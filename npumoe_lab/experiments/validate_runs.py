@@ -6,7 +6,8 @@ its kind, FLOPs, bytes, calls, GEMM shape and shape (timeline.to_frame with ops)
 parameters from cpu-fit.yaml) prices each op; on the cpu platform both roles share one queue (npu_shares_cpu), so
 a prefill's modeled TTFT is the sum of its ops. Per result row the modeled TTFT is the mean over samples (the row's
 ttft_s is the mean over samples of one repeat) and is compared with the row's median over repeats
-(ttft_median_s). Rows flagged host_busy are excluded from the statistics and counted.
+(ttft_median_s). Rows flagged host_busy, and runs at another torch thread count than the fit's rows, are
+excluded from the statistics and counted.
 """
 from __future__ import annotations
 
@@ -104,15 +105,21 @@ def validate_runs(platform_path, runs_dir) -> pd.DataFrame:
                                   f"{d}; run with --timeline")
             dtype = str(g["dtype"].iloc[0]) if "dtype" in g and pd.notna(g["dtype"].iloc[0]) else None
             params = load_host_model(platform_path, dtype)
-            pred, lo, hi = ttft_interval(params, load_host_uncertainty(platform_path, dtype), per_sample)
+            unc = load_host_uncertainty(platform_path, dtype)
+            pred, lo, hi = ttft_interval(params, unc, per_sample)
             measured = float(g["ttft_median_s"].iloc[0]) if "ttft_median_s" in g else float(g["ttft_s"].median())
             busy = bool(g["host_busy"].any()) if "host_busy" in g else False
+            # a fit prices the thread count it was measured at: a run at another is not comparable (not counted)
+            ran = int(g["torch_threads"].iloc[0]) if "torch_threads" in g and pd.notna(g["torch_threads"].iloc[0]) \
+                else None
+            other_threads = bool(unc and unc.get("threads") and ran and ran != unc["threads"])
             out.append(dict(zip(KEYS + ["platform"], key), dtype=dtype or "", workload=str(g["workload"].iloc[0])
                             if "workload" in g else "", measured_ttft_s=measured, modeled_ttft_s=pred,
                             modeled_ttft_lo_s=lo, modeled_ttft_hi_s=hi, covered=bool(lo <= measured <= hi),
                             ratio=pred / measured, abs_err=abs(pred / measured - 1), host_busy=busy,
-                            host_busy_reason=str(g["host_busy_reason"].iloc[0]) if busy else "",
-                            counted=not busy, n_samples=len(per_sample), run_dir=str(d)))
+                            host_busy_reason=str(g["host_busy_reason"].iloc[0]) if busy else
+                            (f"ran at {ran} torch threads, the fit's rows at {unc['threads']}" if other_threads else ""),
+                            counted=not busy and not other_threads, n_samples=len(per_sample), run_dir=str(d)))
     if not out:
         raise NpuMoeError(f"no measured result rows under {runs_dir}; run `npumoe-lab run --platform cpu --timeline`")
     return pd.DataFrame(out)

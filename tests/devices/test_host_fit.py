@@ -111,3 +111,22 @@ def test_cpu_platform_finds_this_hosts_fit_by_its_key(tmp_path, monkeypatch):
     assert hostprofile.find_host_fit() is None
     monkeypatch.setenv("NPUMOE_HOST_FIT", str(path))                 # an explicit fit file is used as it is
     assert hostprofile.find_host_fit()["_path"] == str(path)
+
+
+def test_runs_at_another_thread_count_than_the_fit_are_not_counted(tmp_path):
+    from tests.experiments.test_validate_runs import fake_run
+    from npumoe_lab.experiments.validate_runs import validate_runs
+    res = cpu_fit.fit_host(_rows_df(tmp_path, {"bf16": TRUE}))
+    res["threads"] = 2
+    path = cpu_fit.write_fit(res, tmp_path / "f", "m")
+    runs, by_hand = fake_run(tmp_path, cpu_fit.load_host_model(path))
+    rows_file = next(runs.glob("rows-*.parquet"))
+    df = pd.read_parquet(rows_file)
+    df["torch_threads"] = [2, 2, 1, 1]                   # npumoe at the fit's 2 threads; reference (busy) at 1
+    df["host_busy"] = False
+    df.to_parquet(rows_file)
+    got = validate_runs(path, runs).set_index("variant")
+    assert got.loc["npumoe", "counted"] and not got.loc["reference", "counted"]
+    assert "ran at 1 torch threads, the fit's rows at 2" in got.loc["reference", "host_busy_reason"]
+    lo, hi = got.loc["npumoe", ["modeled_ttft_lo_s", "modeled_ttft_hi_s"]]
+    assert lo <= got.loc["npumoe", "modeled_ttft_s"] <= hi
