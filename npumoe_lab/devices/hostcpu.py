@@ -55,7 +55,7 @@ def cost_model_source() -> str:
     if prof.get("measured"):
         return (f"this host's profile (single best-case rates, {prof.get('created')}); no host fit for key "
                 f"{host_chip()}: run measure --device cpu and fit-device --platform cpu for a fitted one")
-    return (f"NOT this host's: defaults of another machine (an Intel Xeon with AMX, docs/sources/ENVIRONMENT.md "
+    return (f"NOT this host's: defaults of another machine of the project (docs/sources/ENVIRONMENT.md "
             f"§4); no fit or profile for host key {host_chip()}: run `npumoe-lab measure --device cpu` and "
             "`npumoe-lab fit-device --platform cpu` to price plans with this host's own model")
 
