@@ -157,7 +157,8 @@ def table_lines(df: pd.DataFrame) -> list:
 
 def verdict(s: dict) -> str:
     err_ok = bool(s["n_counted"]) and s["median_abs_err"] <= 0.10 and s["worst_abs_err"] <= 0.25
-    cov = "no intervals (a fit from before them)" if not np.isfinite(s["coverage"]) else \
+    cov = "no counted rows" if not s["n_counted"] else "no intervals (a fit from before them)" \
+        if not np.isfinite(s["coverage"]) else \
         f"{s['n_covered']} of {s['n_counted']} ({100 * s['coverage']:.0f} %; goal >= 80 %: " \
         f"{'met' if s['coverage'] >= 0.80 else 'NOT met'}), median width hi/lo {s['median_width']:.2f}x"
     return (f"Counted rows: {s['n_counted']} of {s['n_rows']} ({s['n_host_busy_excluded']} flagged host_busy, "
