@@ -45,8 +45,9 @@ ROUNDS ?= 5
 bench-rounds: setup
 	$(BIN)/python bench/rounds.py --rounds $(ROUNDS) $(ROUNDS_ARGS)
 
-# issue 26: measure -> fit-device -> held-out runs -> validate-device --runs on this CPU (<= 8 min on 2 quiet cores);
-# prints the README table (CPU model, flags). Run it on a QUIET host: busy rows are flagged and excluded.
+# measure -> fit-device -> held-out runs DRAWN from a declared grid -> validate-device --runs (docs/CPU_LOOP.md);
+# sized for ~8 min on 2 quiet cores. Default: the development draw; an acceptance: LOOP_ARGS="--draw SEED" with a
+# seed registered in docs/CPU_LOOP.md before the run. Run it on a QUIET host: busy rows are flagged and excluded.
 cpu-loop: setup
 	$(BIN)/python bench/cpu_loop.py --out results/cpu-loop --threads $(NPUMOE_THREADS) $(LOOP_ARGS)
 

@@ -4,12 +4,16 @@ Threads are set once here: 1 torch thread, immune to OpenMP barrier stalls when 
 shared (a test that needs another count sets it inside the test and restores it, e.g. test_runner).
 Lanes: tests in SLOW_MODULES (notebooks and the browser, sweeps of notebooks, whole-model benchmarks) are marked
 `slow`; `make test-fast` runs the rest, and `make test` runs the fast lane first, then the slow one."""
+import os
+
 import pytest
 import torch
 
 from npumoe_lab.models import TINY_MODEL_DIR, load_model
 
 torch.set_num_threads(1)
+# the cpu platform's plans must not depend on whichever host fit was last registered here (hostprofile.find_host_fit)
+os.environ.setdefault("NPUMOE_HOST_FIT", "off")
 
 SLOW_MODULES = {"test_notebooks", "test_browser", "test_sweep", "test_bench", "test_tiny_model", "test_simulate",
                 "test_accuracy", "test_workloads", "test_graphs", "test_graphs_coreml", "test_onnxruntime_device",

@@ -41,6 +41,8 @@ def _cli(a) -> int:
         return 0
     platform = resolve_platform(a.platform)
     if platform.kind == "measured":     # this host: its op-level model is fitted on `measure` rows (cpu_fit.py)
+        from npumoe_lab.core.cpu_features import dtype_name, resolve_dtype   # lazy: torch, only for the cpu fit
+        a.primary_dtype = dtype_name(resolve_dtype("auto"))     # host_model and the roofline: this CPU's fast dtype
         return fit_cli(a)
     res = fit_platform(platform, load_measurements(a.measurements), steps=a.steps, walkers=a.walkers, seed=a.seed)
     _say(platform, res, write_fit(platform, res, Path(a.out)))

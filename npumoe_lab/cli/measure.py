@@ -10,6 +10,8 @@ def register_cli(sub):
     p.add_argument("--quick", action="store_true", help="a smaller grid (tests, a first look)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs (default 0)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
+                   help="the models' dtype (default auto: this CPU's fast one); fit-device fits each dtype apart")
     p.add_argument("--out", required=True, help="folder for measurements.yaml")
     p.set_defaults(func=_cli)
 
@@ -27,8 +29,9 @@ def _cli(a) -> int:
         print(f"{len(rows)} measured rows ({len(fallbacks)} graphs fell off the ANE: listed under fallbacks, not "
               f"timed as NPU rows; powermetrics {record.get('powermetrics')}) written to {path}")
         return 0
-    rows = with_torch_threads(measure_device)(a.device, geoms, a.repeats, a.quick, a.seed, threads=a.threads)
-    path = write_measurements(rows, a.out, a.device)
+    rows = with_torch_threads(measure_device)(a.device, geoms, a.repeats, a.quick, a.seed, a.dtype,
+                                                     threads=a.threads)
+    path = write_measurements(rows, a.out, a.device, dtype=a.dtype)
     busy = sum(r["host_busy"] for r in rows)
     print(f"{len(rows)} measured rows ({busy} flagged host_busy) written to {path}")
     return 0

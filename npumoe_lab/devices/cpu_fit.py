@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pandas as pd
 import yaml
 
 from npumoe_lab.devices import cpu_model
-from npumoe_lab.devices.hostprofile import fill_host_params
+from npumoe_lab.devices.hostprofile import fill_host_params, host_chip, register_host_fit
 from npumoe_lab.devices.measurements import load_measurements
 from npumoe_lab.devices.platform import PLATFORM_DIR
 from npumoe_lab.errors import NpuMoeError
@@ -46,8 +47,9 @@ def host_rows(df, source: str = ""):
     return host
 
 
-def _intervals(ops, y, res) -> dict:
-    """90 % intervals of the free log-parameters from J^T J (sigma^2 = residual variance)."""
+def _covariance(ops, y, res) -> np.ndarray:
+    """Covariance of the free log-parameters from J^T J (sigma^2 = residual variance): the Laplace (Gauss-Newton)
+    approximation of the fit's posterior, stated so (the Apple fits sample theirs with emcee)."""
     p, free = res["params"], res["free"]
     x = np.array([math.log(p[k]) for k in free])
     base = dict(p)
@@ -61,72 +63,163 @@ def _intervals(ops, y, res) -> dict:
         d[j] = 1e-4
         J[:, j] = (resid(x + d) - r0) / 1e-4
     dof = max(len(y) - len(free), 1)
-    cov = np.linalg.pinv(J.T @ J) * float(r0 @ r0) / dof
-    # an unidentified parameter (rows do not pin it) gets a huge half-width: clipped at a factor e^20 (say "L")
+    return np.linalg.pinv(J.T @ J) * float(r0 @ r0) / dof
+
+
+def _intervals(res, cov) -> dict:
+    """90 % intervals of the free parameters; an unidentified one (rows do not pin it) is clipped at e^+-20."""
     half = np.minimum(1.645 * np.sqrt(np.clip(np.diag(cov), 0, None)), 20.0)
-    return {k: (math.exp(v - h), math.exp(v + h)) for k, v, h in zip(free, x, half)}
+    return {k: (res["params"][k] * math.exp(-h), res["params"][k] * math.exp(h)) for k, h in zip(res["free"], half)}
 
 
-def fit_host(df, source: str = "", include_busy: bool = False) -> dict:
-    """Fit the host model on the usable fit rows of a measurements DataFrame; returns the fit (cpu_model.fit) plus
-    the rows used and the host_busy rows skipped (`include_busy`: used too, and counted as such)."""
+def prefill_group(row) -> str | None:
+    """The prefill a `measure` row's op came from (read from its id: <prefill>-k<chunk>-l<layer>-<op>), None for
+    a group row."""
+    m = re.match(r"^(.*-p\d+)-k\d+-l", str(row["id"]))
+    return m.group(1) if m else None
+
+
+def _chunk_of(group: str) -> str:
+    m = re.search(r"^(.*?)-.*-c(\d+)-p\d+$", group)
+    return f"{m.group(1)}-c{m.group(2)}" if m else group
+
+
+def cross_validated_sigma(ops, y, groups, res) -> dict:
+    """The host model's predictive noise on whole prefills, cross-validated on fit rows only: fold = every prefill
+    of one geometry at one chunk size (all modes); the model is refitted without the fold (warm start at the full
+    fit) and predicts each held-out prefill as the sum of its ops' prices vs the sum of their measured medians.
+    sigma_log = RMS of log(predicted / measured) over the held-out prefills (bias included)."""
+    groups = np.asarray([g or "" for g in groups], dtype=object)
+    folds = sorted({_chunk_of(g) for g in groups if g})
+    errs = []
+    for fold in folds:
+        held = np.array([bool(g) and _chunk_of(g) == fold for g in groups])
+        train = [o for o, h in zip(ops, held) if not h]
+        try:
+            r = cpu_model.fit(train, y[~held], start=res["params"], max_nfev=300)
+        except NpuMoeError:
+            continue                                    # too few rows left: this fold says nothing
+        pred = cpu_model.price_many(r["params"], [o for o, h in zip(ops, held) if h])
+        for g in sorted(set(groups[held])):
+            sel = groups[held] == g
+            errs.append(float(np.log(pred[sel].sum() / y[held][sel].sum())))
+    sigma = float(np.sqrt(np.mean(np.square(errs)))) if errs else float("nan")
+    return {"sigma_log": sigma, "n_prefills": len(errs), "folds": folds,
+            "median_abs_err": float(np.median(np.abs(np.expm1(errs)))) if errs else float("nan")}
+
+
+def fit_host(df, source: str = "", include_busy: bool = False, dtype: str | None = None, cv: bool = True) -> dict:
+    """Fit the host model on the usable fit rows of ONE dtype (work.weight_format; None: the only one) of a
+    measurements DataFrame; returns the fit (cpu_model.fit) plus the rows used, the host_busy rows skipped
+    (`include_busy`: used too, and counted as such), the posterior covariance and the cross-validated sigma."""
     rows = host_rows(df, source)
     usable = rows[rows["role"] == "fit"]
     if usable.empty:
         raise NpuMoeError(f"{source or 'the measurements'}: no host rows with role fit")
+    fmt = usable["work"].map(row_dtype)
+    if dtype is None:
+        if fmt.nunique() > 1:
+            raise NpuMoeError(f"{source}: rows of dtypes {sorted(fmt.unique())}; fit one at a time (fit_hosts)")
+        dtype = str(fmt.iloc[0])
+    usable = usable[fmt == dtype]
+    if usable.empty:
+        raise NpuMoeError(f"{source or 'the measurements'}: no {dtype} fit rows; measure with --dtype {dtype}")
     busy, quiet = usable[usable["host_busy"]], usable[~usable["host_busy"]]
     if include_busy:
         quiet = usable
     if quiet.empty:
-        raise NpuMoeError(f"{source or 'the measurements'}: all {len(usable)} fit rows are flagged host_busy; "
-                          "measure again on a quiet host")
+        raise NpuMoeError(f"{source or 'the measurements'}: all {len(usable)} {dtype} fit rows are flagged "
+                          "host_busy; measure again on a quiet host")
     recs = quiet.to_dict("records")
     ops, y = [host_op(r) for r in recs], quiet["measured_s"].to_numpy(float)
     res = cpu_model.fit(ops, y)
-    res["intervals"] = _intervals(ops, y, res)
-    res.update(chip=str(quiet["chip"].iloc[0]), rows_used=list(quiet["id"]),
+    cov = _covariance(ops, y, res)
+    res["intervals"] = _intervals(res, cov)
+    res["cov_log"] = cov
+    res["cv"] = cross_validated_sigma(ops, y, [prefill_group(r) for r in recs], res) if cv else \
+        {"sigma_log": float("nan"), "n_prefills": 0, "folds": [], "median_abs_err": float("nan")}
+    res.update(chip=str(quiet["chip"].iloc[0]), rows_used=list(quiet["id"]), dtype=dtype,
                n_busy_skipped=0 if include_busy else int(len(busy)), n_busy_used=int(len(busy)) if include_busy else 0)
     return res
 
 
-def write_fit(res: dict, out_dir, measurements: str) -> Path:
-    """DIR/cpu-fit.yaml: the cpu platform with fitted values (see module doc)."""
-    raw = yaml.safe_load((PLATFORM_DIR / "cpu.yaml").read_text())
-    params = {r: raw[r] for r in ("npu", "cpu")}
-    fill_host_params(params)
-    p, iv = res["params"], res["intervals"]
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    src = (f"fitted by fit-device --platform cpu on {len(res['rows_used'])} fit rows of {measurements} "
-           f"({res['n_busy_skipped']} host_busy rows skipped, {res['n_busy_used']} used: "
-           f"{'a BUSY host, do not trust' if res['n_busy_used'] else 'quiet rows only'}), {stamp}")
-    model = {}
+def row_dtype(work) -> str:
+    return str(work.get("weight_format") or "bf16") if isinstance(work, dict) else "bf16"
+
+
+def fit_hosts(df, source: str = "", include_busy: bool = False, cv: bool = True) -> dict:
+    """{dtype: fit_host(...)} for every dtype the host rows were measured in (measure --dtype)."""
+    rows = host_rows(df, source)
+    dtypes = sorted(rows[rows["role"] == "fit"]["work"].map(row_dtype).unique())
+    if not dtypes:
+        raise NpuMoeError(f"{source or 'the measurements'}: no host rows with role fit")
+    return {d: fit_host(df, source, include_busy, d, cv) for d in dtypes}
+
+
+def _source(res: dict, measurements: str, stamp: str) -> str:
+    return (f"fitted by fit-device --platform cpu on {len(res['rows_used'])} {res['dtype']} fit rows of "
+            f"{measurements} ({res['n_busy_skipped']} host_busy rows skipped, {res['n_busy_used']} used: "
+            f"{'a BUSY host, do not trust' if res['n_busy_used'] else 'quiet rows only'}), {stamp}")
+
+
+def _model_section(res: dict, src: str) -> dict:
+    p, iv, model = res["params"], res["intervals"], {}
     for k in cpu_model.PARAMS:
         fitted = k in res["free"]
         lo, hi = iv.get(k, (None, None))
         model[k] = {"value": float(p[k]), "unit": cpu_model.UNITS.get(k, "s"),
                     "source": src if fitted else "not fitted: no row informs it (start value of cpu_model.START)",
-                    "confidence": ("M" if fitted and hi / lo < 2 else "L") if fitted else "L",
+                    "confidence": ("M" if hi / lo < 2 else "L") if fitted else "L",
                     "note": (f"90 % interval {lo:.3g} .. {hi:.3g} (Gauss-Newton, log scale)" if fitted
                              else "priced at its start value; add rows of this op kind to fit it"),
                     **({"interval90": [float(lo), float(hi)]} if fitted else {})}
-    for role, key, name in (("cpu", "throughput_flops", "peak_flops"), ("npu", "throughput_flops", "peak_flops"),
-                            ("cpu", "bandwidth_bytes_s", "bandwidth_bytes_s"),
-                            ("npu", "bandwidth_bytes_s", "bandwidth_bytes_s"),
-                            ("cpu", "op_overhead_s", "call_s_router"), ("npu", "dispatch_s", "call_s_expert_group")):
+    return model
+
+
+def _fit_summary(res: dict, measurements: str, stamp: str) -> dict:
+    cv = res["cv"]
+    return {"measurements": str(measurements), "dtype": res["dtype"], "rows_used": len(res["rows_used"]),
+            "host_busy_skipped": res["n_busy_skipped"], "host_busy_used": res["n_busy_used"],
+            "free_parameters": list(res["free"]),
+            "fit_median_abs_err": res["median_abs_err"], "fit_worst_abs_err": res["worst_abs_err"],
+            "rms_log": res["rms_log"], "torch_threads": res.get("threads"),
+            # the predictive uncertainty of a whole prefill (validate-device --runs): posterior x CV noise
+            "posterior_cov_log": [[float(v) for v in row] for row in np.asarray(res["cov_log"])],
+            "posterior": "Laplace (Gauss-Newton) approximation at the least-squares optimum, log parameters",
+            "cv_sigma_log": cv["sigma_log"], "cv_prefills": cv["n_prefills"], "cv_folds": list(cv["folds"]),
+            "cv_median_abs_err": cv["median_abs_err"],
+            "cv": "refitted without every prefill of one geometry at one chunk size; RMS log error of the "
+                  "held-out prefills' summed op prices", "created": stamp}
+
+
+def write_fit(fits: dict, out_dir, measurements: str, primary: str | None = None) -> Path:
+    """DIR/cpu-fit.yaml: the cpu platform with fitted values (see module doc). `fits`: {dtype: fit_host result}
+    (or one result); `primary` (default: bf16 if fitted, else the first) fills host_model and the roofline."""
+    if "params" in fits:
+        fits = {fits["dtype"] if "dtype" in fits else "bf16": fits}
+    primary = primary if primary in fits else ("bf16" if "bf16" in fits else sorted(fits)[0])
+    res = fits[primary]
+    raw = yaml.safe_load((PLATFORM_DIR / "cpu.yaml").read_text())
+    params = {r: raw[r] for r in ("npu", "cpu")}
+    fill_host_params(params, use_fit=False)
+    p = res["params"]
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    src = _source(res, measurements, stamp)
+    for role, key, name in ROOFLINE:
         e = params[role][key]
         e.pop("from_host_profile", None)
         e.pop("alternatives_from_host_profile", None)
         e.update(value=float(p[name]), source=f"host_model.{name}: {src}", confidence="M",
                  note=f"fitted (host_model.{name}); was: {e['note']}")
+        if key == "throughput_flops" and "fp32" in fits and primary != "fp32":
+            e["alternatives"] = {**e.get("alternatives", {}), "fp32": float(fits["fp32"]["params"][name])}
     out = copy.deepcopy(raw)
     out.update(name="cpu-fit", chip=res["chip"], npu=params["npu"], cpu=params["cpu"],
                description=f"this host's CPU with its op-level cost model fitted on measurements ({res['chip']})",
-               host_model=model,
-               host_fit={"measurements": str(measurements), "rows_used": len(res["rows_used"]),
-                         "host_busy_skipped": res["n_busy_skipped"], "host_busy_used": res["n_busy_used"],
-                         "free_parameters": list(res["free"]),
-                         "fit_median_abs_err": res["median_abs_err"], "fit_worst_abs_err": res["worst_abs_err"],
-                         "rms_log": res["rms_log"], "created": stamp})
+               host_model=_model_section(res, src),
+               host_models={d: _model_section(r, _source(r, measurements, stamp)) for d, r in fits.items()},
+               host_fit=_fit_summary(res, measurements, stamp),
+               host_fits={d: _fit_summary(r, measurements, stamp) for d, r in fits.items()})
     path = Path(out_dir) / FIT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -136,8 +229,13 @@ def write_fit(res: dict, out_dir, measurements: str) -> Path:
     return path
 
 
-def load_host_model(path) -> dict:
-    """{param: value} of a cpu-fit.yaml; one clear error when the file is missing or does not parse."""
+# (role, entry of the cpu platform, host-model parameter) the planner's roofline takes from a host fit
+ROOFLINE = (("cpu", "throughput_flops", "peak_flops"), ("npu", "throughput_flops", "peak_flops"),
+            ("cpu", "bandwidth_bytes_s", "bandwidth_bytes_s"), ("npu", "bandwidth_bytes_s", "bandwidth_bytes_s"),
+            ("cpu", "op_overhead_s", "call_s_router"), ("npu", "dispatch_s", "call_s_expert_group"))
+
+
+def _read_fit(path) -> dict:
     p = Path(path)
     if not p.is_file():
         raise NpuMoeError(f"platform file {p} does not exist; write it with `npumoe-lab fit-device --platform cpu`")
@@ -145,8 +243,29 @@ def load_host_model(path) -> dict:
         raw = yaml.safe_load(p.read_text())
     except yaml.YAMLError as exc:
         raise NpuMoeError(f"platform file {p} does not parse ({str(exc).splitlines()[0]})") from None
-    model = raw.get("host_model") if isinstance(raw, dict) else None
-    if not isinstance(model, dict) or any(k not in model or not isinstance(model[k], dict) for k in cpu_model.PARAMS):
+    if not isinstance(raw, dict) or not isinstance(raw.get("host_model"), dict):
+        raise NpuMoeError(f"platform file {p} has no host_model section (the fitted CPU model); "
+                          "write it with `npumoe-lab fit-device --platform cpu`")
+    return raw
+
+
+def fitted_dtypes(path) -> list:
+    raw = _read_fit(path)
+    return sorted(raw.get("host_models") or {(raw.get("host_fit") or {}).get("dtype", "bf16"): None})
+
+
+def load_host_model(path, dtype: str | None = None) -> dict:
+    """{param: value} of a cpu-fit.yaml (of `dtype`: the fit of that dtype's rows; None: the primary one); one
+    clear error when the file is missing, does not parse, or has no fit of that dtype."""
+    p, raw = Path(path), _read_fit(path)
+    model = raw["host_model"]
+    if dtype is not None and dtype != (raw.get("host_fit") or {}).get("dtype", dtype):
+        model = (raw.get("host_models") or {}).get(dtype)
+        if model is None:
+            raise NpuMoeError(f"platform file {p} has no host model fitted on {dtype} rows (it has "
+                              f"{', '.join(fitted_dtypes(p))}); run `npumoe-lab measure --device cpu --dtype "
+                              f"{dtype}` into the measurements folder and fit-device again")
+    if any(k not in model or not isinstance(model[k], dict) for k in cpu_model.PARAMS):
         raise NpuMoeError(f"platform file {p} has no complete host_model section (the fitted CPU model); "
                           "write it with `npumoe-lab fit-device --platform cpu`")
     vals = {k: model[k]["value"] for k in cpu_model.PARAMS}
@@ -156,18 +275,52 @@ def load_host_model(path) -> dict:
     return vals
 
 
+def load_host_uncertainty(path, dtype: str | None = None) -> dict | None:
+    """{"free": [...], "cov_log": array, "sigma_log": float} of a fit (None: a file from before intervals)."""
+    raw = _read_fit(path)
+    summ = raw.get("host_fit") or {}
+    if dtype is not None and dtype != summ.get("dtype", dtype):
+        summ = (raw.get("host_fits") or {}).get(dtype) or {}
+    if "posterior_cov_log" not in summ:
+        return None
+    sigma = summ.get("cv_sigma_log")
+    return {"free": list(summ["free_parameters"]), "cov_log": np.asarray(summ["posterior_cov_log"], float),
+            "sigma_log": float(sigma) if sigma is not None and np.isfinite(sigma) else 0.0,
+            "threads": summ.get("torch_threads")}
+
+
+def measured_threads(measurements) -> int | None:
+    """The torch threads `measure` ran at (its files' host.torch_threads; None: not recorded or they differ)."""
+    p = Path(measurements)
+    files = [p] if p.is_file() else sorted([*p.glob("*.yaml"), *p.glob("*.yml")])
+    seen = set()
+    for f in files:
+        host = (yaml.safe_load(f.read_text()) or {}).get("host") or {}
+        seen.add(host.get("torch_threads"))
+    return seen.pop() if len(seen) == 1 and None not in seen else None
 
 
 def fit_cli(a) -> int:
-    """`fit-device --platform cpu --measurements DIR --out DIR` (fit.py hands the measured platform here)."""
+    """`fit-device --platform cpu --measurements DIR --out DIR` (fit.py hands the measured platform here); the fit
+    is also registered for this host (hostprofile.register_host_fit) when the rows are this host's."""
     df = load_measurements(a.measurements)
-    res = fit_host(df, str(a.measurements), include_busy=getattr(a, "include_busy", False))
-    path = write_fit(res, a.out, str(a.measurements))
-    print(f"fitted {len(res['free'])} parameters of the cpu host model on {len(res['rows_used'])} fit rows of "
-          f"{res['chip']} ({res['n_busy_skipped']} host_busy rows skipped, {res['n_busy_used']} used): median |error| "
-          f"{res['median_abs_err']:.1%}, worst {res['worst_abs_err']:.1%} (modeled vs measured)\n" +
-          "\n".join(f"  {k} = {res['params'][k]:.4g}  (90 % {res['intervals'][k][0]:.3g}-{res['intervals'][k][1]:.3g})"
-                    for k in res["free"]) + f"\nwritten {path}")
+    fits = fit_hosts(df, str(a.measurements), include_busy=getattr(a, "include_busy", False))
+    threads = measured_threads(a.measurements)
+    for res in fits.values():
+        res["threads"] = threads
+    path = write_fit(fits, a.out, str(a.measurements), primary=getattr(a, "primary_dtype", None))
+    for d, res in fits.items():
+        print(f"{d}: fitted {len(res['free'])} parameters of the cpu host model on {len(res['rows_used'])} fit rows "
+              f"of {res['chip']} ({res['n_busy_skipped']} host_busy rows skipped, {res['n_busy_used']} used): median "
+              f"|error| {res['median_abs_err']:.1%}, worst {res['worst_abs_err']:.1%} (modeled vs measured); "
+              f"cross-validated whole-prefill noise sigma_log {res['cv']['sigma_log']:.3f} over "
+              f"{res['cv']['n_prefills']} held-out prefills (median |error| {res['cv']['median_abs_err']:.1%})\n" +
+              "\n".join(f"  {k} = {res['params'][k]:.4g}  (90 % {res['intervals'][k][0]:.3g}-"
+                        f"{res['intervals'][k][1]:.3g})" for k in res["free"]))
+    chip = next(iter(fits.values()))["chip"]
+    reg = register_host_fit(path, chip) if chip == host_chip() else None
+    print(f"written {path}" + (f"; registered for this host as {reg} (--platform cpu prices plans with it)" if reg
+                              else f" (rows of {chip}, not this host {host_chip()}: not registered)"))
     return 0
 
 
@@ -186,9 +339,13 @@ def is_host_fit(path) -> bool:
 def validate_host_rows(platform_path, measurements, out) -> tuple:
     """validate-device of a host fit on measurement rows: validation.csv (role, kind, chip, measured_s,
     predicted_s, ratio) and VALIDATION.md (median and worst |ratio - 1| per role and kind; host_busy rows apart)."""
-    params = load_host_model(platform_path)
     rows = host_rows(load_measurements(measurements), str(measurements))
-    pred = cpu_model.price_many(params, [host_op(r) for r in rows.to_dict("records")])
+    fmt = rows["work"].map(row_dtype)
+    pred = np.zeros(len(rows))
+    for d in fmt.unique():
+        sel = (fmt == d).to_numpy()
+        params = load_host_model(platform_path, d)
+        pred[sel] = cpu_model.price_many(params, [host_op(r) for r in rows[sel].to_dict("records")])
     res = rows[["id", "role", "kind", "chip", "measured_s", "host_busy"]].assign(
         op=[w["op"] for w in rows["work"]], predicted_s=pred)
     res["ratio"] = res["predicted_s"] / res["measured_s"]
@@ -210,5 +367,6 @@ def validate_host_rows(platform_path, measurements, out) -> tuple:
     return res, text
 
 
-__all__ = ["host_op", "host_rows", "fit_host", "write_fit", "load_host_model", "fit_cli", "is_host_fit",
+__all__ = ["host_op", "host_rows", "fit_host", "fit_hosts", "write_fit", "load_host_model", "load_host_uncertainty",
+           "fitted_dtypes", "cross_validated_sigma", "prefill_group", "fit_cli", "is_host_fit", "ROOFLINE",
            "validate_host_rows", "FIT_FILE"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import platform as _platform
 
-from npumoe_lab.devices.hostprofile import load_host_profile
+from npumoe_lab.devices.hostprofile import find_host_fit, host_chip, load_host_profile
 from npumoe_lab.devices.platform import format_platforms
 
 # the flags that decide which dtype and kernels are fast here
@@ -39,13 +39,25 @@ def describe_host(info: dict | None = None) -> str:
     info = info or cpu_info()
     isa = ", ".join(f"{f} {'yes' if f in info['flags'] else 'no'}" for f in ISA_FLAGS) if info["flags"] else \
         "flags not readable"
-    prof = load_host_profile()
-    model = "measured on this host" if prof.get("measured") else \
-        "NOT measured on this host: defaults from another machine (docs/sources/ENVIRONMENT.md §4); run " \
-        "npumoe_lab.devices.hostprofile.measure_host_profile() to measure it"
     return "\n".join([f"This host (the measured `cpu` platform): {info['model']}, {info['logical_cpus']} logical CPUs",
-                      f"  ISA: {isa}", f"  cpu platform cost model: {model}",
-                      "  sources cited above: docs/sources/*.md in this repository"])
+                      f"  ISA: {isa}", f"  cpu platform cost model (prices plans: residency, tuner, explorer): "
+                      f"{cost_model_source()}", "  sources cited above: docs/sources/*.md in this repository"])
+
+
+def cost_model_source() -> str:
+    """Which numbers price plans on `--platform cpu` here: this host's fit, its profile, or another machine's."""
+    fit = find_host_fit()
+    if fit is not None:
+        f = fit.get("host_fit") or {}
+        return (f"this host's fit {fit['_path']} (fit-device --platform cpu on {f.get('rows_used')} rows, "
+                f"{f.get('created')}; host key {fit['chip']})")
+    prof = load_host_profile()
+    if prof.get("measured"):
+        return (f"this host's profile (single best-case rates, {prof.get('created')}); no host fit for key "
+                f"{host_chip()}: run measure --device cpu and fit-device --platform cpu for a fitted one")
+    return (f"NOT this host's: defaults of another machine of the project (docs/sources/ENVIRONMENT.md "
+            f"§4); no fit or profile for host key {host_chip()}: run `npumoe-lab measure --device cpu` and "
+            "`npumoe-lab fit-device --platform cpu` to price plans with this host's own model")
 
 
 def platforms_report() -> str:

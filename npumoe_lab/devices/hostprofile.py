@@ -11,6 +11,7 @@ import datetime as _dt
 import os
 import platform as _platform
 import time
+import warnings
 from pathlib import Path
 
 import yaml
@@ -51,8 +52,51 @@ def host_key() -> dict:
             "threads": torch.get_num_threads()}
 
 
+def host_chip() -> str:
+    """`host-<key>`: this CPU model, core count, torch build and torch threads (host_key), hashed: the chip of the
+    rows `measure --device cpu` writes and the key a host fit is found by."""
+    return f"host-{sha256_json(host_key())[:12]}"
+
+
 def profile_path() -> Path:
-    return cache_dir() / f"host-{sha256_json(host_key())[:12]}.yaml"
+    return cache_dir() / f"{host_chip()}.yaml"
+
+
+def host_fit_path(chip: str | None = None) -> Path:
+    """Where this host's registered fit lives: $NPUMOE_CACHE_DIR/host-fits/<chip>-fit.yaml."""
+    return cache_dir() / "host-fits" / f"{chip or host_chip()}-fit.yaml"
+
+
+def register_host_fit(path, chip: str) -> Path:
+    """Copy a cpu-fit.yaml (fit-device --platform cpu) to host_fit_path(chip): `--platform cpu` on that host then
+    prices plans (residency, tuner, explorer) with it."""
+    dest = host_fit_path(chip)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(".tmp")
+    tmp.write_text(Path(path).read_text())
+    tmp.replace(dest)
+    return dest
+
+
+def find_host_fit() -> dict | None:
+    """This host's registered fit (its YAML as a dict, key `_path` added), None when there is none or it is of
+    another host key (another CPU, core count, torch build or thread count). $NPUMOE_HOST_FIT=off ignores it (the
+    test suite does: its expectations must not depend on what was last fitted here); =PATH uses that fit file."""
+    choice = os.environ.get("NPUMOE_HOST_FIT", "")
+    if choice.lower() == "off":
+        return None
+    path = Path(choice) if choice else host_fit_path()
+    if choice and not path.is_file():
+        raise NpuMoeError(f"NPUMOE_HOST_FIT={choice!r} is not a file; point it at a cpu-fit.yaml or unset it")
+    if not path.is_file():
+        return None
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        raise NpuMoeError(f"host fit {path} does not parse; delete it and run fit-device --platform cpu") from None
+    if not isinstance(raw, dict) or "host_model" not in raw or (raw.get("chip") != host_chip() and not choice):
+        return None
+    return {**raw, "_path": str(path)}
 
 
 def _best_rate(fn, work: float, budget_s: float) -> float:
@@ -132,13 +176,31 @@ def load_host_profile(measure_if_missing: bool = False) -> dict:
     return {**DEFAULTS, "measured": False, "source": DEFAULT_SOURCE}
 
 
-def fill_host_params(params: dict, profile: dict | None = None) -> None:
-    """Fill platform entries marked `from_host_profile: <key>` (and `alternatives_from_host_profile`) in place."""
+def fill_host_params(params: dict, profile: dict | None = None, use_fit: bool = True) -> None:
+    """Fill platform entries marked `from_host_profile: <key>` (and `alternatives_from_host_profile`) in place:
+    from this host's registered fit where it fitted the entry (`use_fit` and find_host_fit), else from the host
+    profile (measured here, or another machine's defaults: the entry's source says which)."""
     prof = load_host_profile() if profile is None else profile
-    for role in params.values():
+    fit = find_host_fit() if use_fit and profile is None else None
+    rates = {"gemm_bf16_flops", "gemm_fp32_flops", "mem_read_bytes_s", "module_call_s", "op_overhead_s"}
+    wants = any(e.get("from_host_profile") in rates for r in params.values() for e in r.values())
+    if use_fit and profile is None and fit is None and not prof.get("measured") and wants:
+        warnings.warn("the cpu platform prices plans (residency, tuner, explorer) with DEFAULTS OF ANOTHER MACHINE "
+                      f"(docs/sources/ENVIRONMENT.md): no host fit for this host's key {host_chip()}; run "
+                      "`npumoe-lab measure --device cpu` and `npumoe-lab fit-device --platform cpu` to use its own",
+                      UserWarning, stacklevel=2)
+    for role_name, role in params.items():
         for name, entry in role.items():
             key = entry.get("from_host_profile")
             if key is None:
+                continue
+            fitted = ((fit or {}).get(role_name) or {}).get(name)
+            if isinstance(fitted, dict) and str(fitted.get("source", "")).startswith("host_model."):
+                entry.pop("from_host_profile")
+                alts = {a: prof[k] for a, k in entry.pop("alternatives_from_host_profile", {}).items()}
+                entry.update(value=fitted["value"], confidence=fitted["confidence"],
+                             source=f"this host's fit {fit['_path']}: {fitted['source']}",
+                             alternatives={**entry.get("alternatives", {}), **alts, **fitted.get("alternatives", {})})
                 continue
             if key not in prof:
                 raise NpuMoeError(f"platform parameter {name} wants host profile key {key!r}, which the profile "

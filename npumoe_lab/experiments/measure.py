@@ -29,7 +29,7 @@ from npumoe_lab.devices import get_platform
 from npumoe_lab.devices.cost import expert_ffn_cost
 from npumoe_lab.devices.cpu_model import annotate, from_op
 from npumoe_lab.devices.hostload import HostLoad
-from npumoe_lab.devices.hostprofile import host_key
+from npumoe_lab.devices.hostprofile import host_chip as _host_chip
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.experts import attach, detach
 from npumoe_lab.execution.ops import Op
@@ -38,7 +38,7 @@ from npumoe_lab.experiments.geometry_model import random_ids, random_model
 from npumoe_lab.models import describe
 from npumoe_lab.planning.layout import ExecutionLayout
 from npumoe_lab.results.atomic import atomic_open
-from npumoe_lab.utils import host_description, progress, sha256_json
+from npumoe_lab.utils import host_description, progress
 
 DEVICES = ("cpu", "onnxruntime", "coreml")
 PATHS = {"cpu": "torch", "onnxruntime": "onnxruntime", "coreml": "coreml"}
@@ -53,20 +53,27 @@ MODES = ("hf", "dynamic", "static", "mixed")      # experts paths of the prefill
 
 def grid(geometry: str, quick: bool = False) -> dict:
     """The bucket grid of one geometry: prefills (mode, layers, chunk, prompt) and group layouts (capacity, sizes)."""
+    # The full grid spans the CPU loop's declared held-out grid (chunks 32-512, contexts to 2048: cpu_draw.py), so
+    # a held-out run is priced inside the fit rows' range, never by extrapolation.
     if geometry == "tiny":
         chunks, prompt = ((64, 256) if quick else (64, 128, 256)), (256 if quick else 512)
         caps, sizes = ((1, 16, 64) if quick else (1, 4, 16, 64, 256)), (1, 4, 16)
         prefills = [(m, 1, c, prompt) for m in MODES for c in chunks] + [("dynamic", 2, c, prompt) for c in chunks]
+        if not quick:
+            prefills += [(m, 1, c, prompt) for m in MODES for c in (32, 512)] + \
+                [(m, 1, 512, 2048) for m in ("hf", "dynamic", "static")]
     else:
         chunks, prompt = ((256,) if quick else (128, 512)), (512 if quick else 1024)
         caps, sizes = ((8, 64) if quick else (8, 32, 128, 512)), ((1, 8) if quick else (1, 8, 32))
         prefills = [(m, 1, c, prompt) for m in MODES for c in chunks]
+        if not quick:
+            prefills += [(m, 1, 32, 128) for m in MODES] + [("static", 1, 512, 2048)]
     return {"prefills": prefills, "capacities": caps, "group_sizes": sizes}
 
 
 def host_chip() -> str:
-    """`host-<key>`: this CPU model, core count and torch build (hostprofile.host_key), hashed."""
-    return f"host-{sha256_json(host_key())[:12]}"
+    """`host-<key>`: this CPU model, core count, torch build and threads (hostprofile.host_chip)."""
+    return _host_chip()
 
 
 def _median_iqr(ts) -> tuple[float, float]:
@@ -139,7 +146,8 @@ def prefill_rows(model, geometry, mode, n_layers, chunk, prompt, repeats, device
     rows, recs = [], annotate([from_op(op) for op, _, _ in runs[0]])
     for i, (op, _, _) in enumerate(runs[0]):
         times = [r[i][2] for r in runs]
-        rid = f"{geometry}-L{n_layers}-{mode}-c{chunk}-p{prompt}-k{op.chunk}-l{op.layer}-{op.name}"
+        prefill = f"{geometry}-{dtype_name}-L{n_layers}-{mode}-c{chunk}-p{prompt}"
+        rid = f"{prefill}-k{op.chunk}-l{op.layer}-{op.name}"
         rows.append(_row(rid, op, times, load, device, geometry, dtype_name,
                          {"rows": chunk, "context": op.chunk * chunk, "layers": n_layers},
                          note=f"one {op.kind} op of a {n_layers}-layer {mode} prefill ({prompt} tokens in chunks "
@@ -191,7 +199,7 @@ def group_rows(model, geometry, capacity, sizes, repeats, device, npu_backend, d
         G, C, I = len(gs.experts), gs.capacity, spec.intermediate
         cost = expert_ffn_cost(G, C, H, I, dtype_bytes=2, weight_bytes=2)
         op = Op(f"group{gs.id}", "expert_group", "npu", spec.layer, 0, cost, (G, C, H, I))
-        rows.append(_row(f"{geometry}-group-G{G}-C{C}", op, times[j], load, device, geometry, dtype_name,
+        rows.append(_row(f"{geometry}-{dtype_name}-group-G{G}-C{C}", op, times[j], load, device, geometry, dtype_name,
                          {"gemms": [[C, 2 * I, H, G], [C, H, I, G]], "rows": C},
                          note=f"one static group of {G} experts at capacity {C} (every slot computed), called as "
                               "PlanExecutor._group_call runs it"))
@@ -211,8 +219,9 @@ def check_args(device: str, geometries, repeats) -> None:
 
 
 def measure_device(device: str = "cpu", geometries=GEOMETRIES, repeats: int = 5, quick: bool = False,
-                   seed: int = 0) -> list[dict]:
-    """Run the grid on `device`; returns the rows (see module doc)."""
+                   seed: int = 0, dtype="auto") -> list[dict]:
+    """Run the grid on `device` with models in `dtype` ("auto": this CPU's fast dtype; each dtype is fitted apart,
+    so a run in fp32 is priced by fp32 rows); returns the rows (see module doc)."""
     check_args(device, geometries, repeats)
     if device == "coreml":
         raise NpuMoeError("measure_device runs the cpu and onnxruntime grids; Core ML: measure_coreml.measure_coreml")
@@ -220,7 +229,7 @@ def measure_device(device: str = "cpu", geometries=GEOMETRIES, repeats: int = 5,
         from npumoe_lab.backends.onnxruntime import require_onnxruntime   # lazy: an optional, heavy dependency
         require_onnxruntime()
     npu_backend = None if device == "cpu" else device
-    dtype = resolve_dtype("auto")
+    dtype = resolve_dtype(dtype)
     rows = []
     for geom in geometries:
         spec = grid(geom, quick)
@@ -241,18 +250,19 @@ def measure_device(device: str = "cpu", geometries=GEOMETRIES, repeats: int = 5,
     return rows
 
 
-def write_measurements(rows, out_dir, device: str, fallbacks=None, record=None) -> Path:
-    """DIR/measurements.yaml: the rows, (key `host`) what they were measured on and (key `fallbacks`, Core ML) the
+def write_measurements(rows, out_dir, device: str, fallbacks=None, record=None, dtype: str = "auto") -> Path:
+    """DIR/measurements.yaml (DIR/measurements-<dtype>.yaml for an explicit --dtype, so both dtypes' rows share
+    one folder for fit-device): the rows, (key `host`) what they were measured on and (key `fallbacks`, Core ML) the
     graphs that fell off the NPU and were therefore not written as rows; `record`: the raw Core ML record, kept as
     DIR/coreml-record.json."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     host = {"chip": host_chip(), "device": device, "host": host_description(), "machine": _platform.machine(),
             "torch": str(torch.__version__), "torch_threads": torch.get_num_threads(),
-            **row_fields(resolve_dtype("auto")),
+            **row_fields(resolve_dtype(dtype)),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "n_rows": len(rows),
             "n_host_busy": sum(bool(r.get("host_busy")) for r in rows)}
-    path = out / MEASUREMENTS_FILE
+    path = out / (MEASUREMENTS_FILE if dtype in (None, "auto") else f"measurements-{dtype}.yaml")
     doc = {"description": f"MEASURED by npumoe-lab measure --device {device} on {host['host']} ({host['cpu_model']}, "
                           f"{host['torch_threads']} torch threads, {host['created']}); op-level micro-benchmarks, "
                           "role fit (docs/MEASUREMENTS.md)", "host": host,

@@ -6,7 +6,8 @@ its kind, FLOPs, bytes, calls, GEMM shape and shape (timeline.to_frame with ops)
 parameters from cpu-fit.yaml) prices each op; on the cpu platform both roles share one queue (npu_shares_cpu), so
 a prefill's modeled TTFT is the sum of its ops. Per result row the modeled TTFT is the mean over samples (the row's
 ttft_s is the mean over samples of one repeat) and is compared with the row's median over repeats
-(ttft_median_s). Rows flagged host_busy are excluded from the statistics and counted.
+(ttft_median_s). Rows flagged host_busy, and runs at another torch thread count than the fit's rows, are
+excluded from the statistics and counted.
 """
 from __future__ import annotations
 
@@ -14,82 +15,165 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.stats import norm
 
 from npumoe_lab.devices import cpu_model
-from npumoe_lab.devices.cpu_fit import load_host_model
+from npumoe_lab.devices.cpu_fit import load_host_model, load_host_uncertainty
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.results.atomic import atomic_open
-from npumoe_lab.results.store import load_results, load_timelines
+from npumoe_lab.results.store import normalize
 
 KEYS = ["model", "variant", "prompt_len", "chunk"]
 TL_KEYS = ["model", "variant", "prompt_len", "run_chunk"]
 
 
-def reprice_timeline(params: dict, tl: pd.DataFrame) -> float:
-    """Modeled seconds of one prefill's events (one queue: their sum), each op priced with the context of the op
-    stream around it (cpu_model.annotate), as measure prices its rows."""
+def timeline_ops(tl: pd.DataFrame) -> list:
+    """The annotated op records of one prefill's events (cpu_model.annotate), as measure prices its rows."""
     if "kind" not in tl.columns:
         raise NpuMoeError("the timeline has no op kinds (kind/shape/gemm columns); re-run `npumoe-lab run "
                           "--platform cpu --timeline` with this version")
-    ops = cpu_model.annotate([cpu_model.op_record(r.kind, r.flops, r.bytes, r.calls, r.gemm, r.shape, chunk=r.chunk,
-                                                  layer=r.layer) for r in tl.itertuples()])
-    return float(cpu_model.price_many(params, ops).sum())
+    return cpu_model.annotate([cpu_model.op_record(r.kind, r.flops, r.bytes, r.calls, r.gemm, r.shape, chunk=r.chunk,
+                                                   layer=r.layer) for r in tl.itertuples()])
+
+
+def reprice_timeline(params: dict, tl: pd.DataFrame) -> float:
+    """Modeled seconds of one prefill's events (one queue: their sum)."""
+    return float(cpu_model.price_many(params, timeline_ops(tl)).sum())
+
+
+def ttft_interval(params: dict, unc: dict | None, samples: list, level: float = 0.90) -> tuple:
+    """(point, lo, hi) of a row's modeled TTFT (the mean over its samples' op streams): the fit's posterior
+    (Laplace: log-parameter covariance, propagated to log TTFT through its gradient) x the cross-validated
+    whole-prefill noise, sd = sqrt(g' C g + sigma_cv^2); lognormal, so the point (the posterior mode's price) is
+    inside by construction. unc None (a fit from before intervals): lo = hi = nan."""
+    def ttft(p):
+        return float(np.mean([cpu_model.price_many(p, ops).sum() for ops in samples]))
+    t0 = ttft(params)
+    if unc is None:
+        return t0, float("nan"), float("nan")
+    free, eps = unc["free"], 1e-3
+    g = np.array([np.log(ttft({**params, k: params[k] * np.exp(eps)}) / t0) / eps for k in free])
+    sd = float(np.sqrt(max(g @ unc["cov_log"] @ g, 0.0) + unc["sigma_log"] ** 2))
+    z = float(norm.ppf(0.5 + level / 2))
+    return t0, t0 * np.exp(-z * sd), t0 * np.exp(z * sd)
+
+
+def _run_dirs(runs_dir) -> list:
+    """Every folder under runs_dir holding result files (each priced apart: drawn runs may share their keys)."""
+    dirs = sorted({f.parent for f in Path(runs_dir).rglob("rows-*.parquet")})
+    if not dirs:
+        raise NpuMoeError(f"no result rows under {runs_dir}; run `npumoe-lab run --platform cpu --timeline`")
+    return dirs
+
+
+def _read(d: Path, prefix: str, run_dirs=()) -> pd.DataFrame:
+    """d's rows (its own files), or its timelines (below it, e.g. d/timelines/, but not below another run dir)."""
+    if prefix == "rows":
+        files = sorted(d.glob("rows-*.parquet"))
+    else:
+        others = [o for o in run_dirs if o != d and d in o.parents]
+        files = sorted(f for f in d.rglob(f"{prefix}-*.parquet") if not any(o in f.parents for o in others))
+    if not files:
+        raise NpuMoeError(f"no {prefix} files in {d}; run `npumoe-lab run --platform cpu --timeline`")
+    return normalize(pd.concat([pd.read_parquet(f) for f in files], ignore_index=True))
 
 
 def validate_runs(platform_path, runs_dir) -> pd.DataFrame:
-    """One row per measured result row group: measured and modeled TTFT, their ratio, whether it counts."""
-    params = load_host_model(platform_path)
-    rows = load_results(runs_dir)
-    rows = rows[rows["platform_kind"] == "measured"] if "platform_kind" in rows else rows.iloc[0:0]
-    if rows.empty:
-        raise NpuMoeError(f"no measured result rows under {runs_dir}; run `npumoe-lab run --platform cpu --timeline`")
-    tls = load_timelines(runs_dir)
-    missing = [k for k in TL_KEYS + ["kind"] if k not in tls.columns]
-    if missing:
-        raise NpuMoeError(f"timelines under {runs_dir} lack {', '.join(missing)}; re-run `npumoe-lab run "
-                          "--platform cpu --timeline` with this version")
-    tls = tls[tls["platform"].isin(rows["platform"].unique())]
-    modeled = {}
-    for key, g in tls.groupby(TL_KEYS + ["platform", "sample"], sort=False):
-        modeled.setdefault(key[:-1], []).append(reprice_timeline(params, g))
+    """One row per measured result row group: measured and modeled TTFT (with its 90 % interval), their ratio,
+    whether it counts. Each run is priced with the fit of its own dtype (measure --dtype)."""
+    load_host_model(platform_path)                         # one clear error before any work
     out = []
-    for key, g in rows.groupby(KEYS + ["platform"], sort=False):
-        per_sample = modeled.get(tuple(key))
-        if not per_sample:
-            raise NpuMoeError(f"no timeline for the measured rows {dict(zip(KEYS + ['platform'], key))}; "
-                              "run with --timeline")
-        measured = float(g["ttft_median_s"].iloc[0]) if "ttft_median_s" in g else float(g["ttft_s"].median())
-        pred = float(np.mean(per_sample))
-        busy = bool(g["host_busy"].any()) if "host_busy" in g else False
-        out.append(dict(zip(KEYS + ["platform"], key), measured_ttft_s=measured, modeled_ttft_s=pred,
-                        ratio=pred / measured, abs_err=abs(pred / measured - 1), host_busy=busy,
-                        host_busy_reason=str(g["host_busy_reason"].iloc[0]) if busy else "",
-                        counted=not busy, n_samples=len(per_sample)))
+    dirs = _run_dirs(runs_dir)
+    for d in dirs:
+        rows = _read(d, "rows")
+        rows = rows[rows["platform_kind"] == "measured"] if "platform_kind" in rows else rows.iloc[0:0]
+        if rows.empty:
+            continue
+        tls = _read(d, "timeline", dirs)
+        missing = [k for k in TL_KEYS + ["kind"] if k not in tls.columns]
+        if missing:
+            raise NpuMoeError(f"timelines in {d} lack {', '.join(missing)}; re-run `npumoe-lab run "
+                              "--platform cpu --timeline` with this version")
+        tls = tls[tls["platform"].isin(rows["platform"].unique())]
+        samples = {}
+        for key, g in tls.groupby(TL_KEYS + ["platform", "sample"], sort=False):
+            samples.setdefault(key[:-1], []).append(timeline_ops(g))
+        for key, g in rows.groupby(KEYS + ["platform"], sort=False):
+            per_sample = samples.get(tuple(key))
+            if not per_sample:
+                raise NpuMoeError(f"no timeline for the measured rows {dict(zip(KEYS + ['platform'], key))} in "
+                                  f"{d}; run with --timeline")
+            dtype = str(g["dtype"].iloc[0]) if "dtype" in g and pd.notna(g["dtype"].iloc[0]) else None
+            params = load_host_model(platform_path, dtype)
+            unc = load_host_uncertainty(platform_path, dtype)
+            pred, lo, hi = ttft_interval(params, unc, per_sample)
+            measured = float(g["ttft_median_s"].iloc[0]) if "ttft_median_s" in g else float(g["ttft_s"].median())
+            busy = bool(g["host_busy"].any()) if "host_busy" in g else False
+            # a fit prices the thread count it was measured at: a run at another is not comparable (not counted)
+            ran = int(g["torch_threads"].iloc[0]) if "torch_threads" in g and pd.notna(g["torch_threads"].iloc[0]) \
+                else None
+            other_threads = bool(unc and unc.get("threads") and ran and ran != unc["threads"])
+            out.append(dict(zip(KEYS + ["platform"], key), dtype=dtype or "", workload=str(g["workload"].iloc[0])
+                            if "workload" in g else "", measured_ttft_s=measured, modeled_ttft_s=pred,
+                            modeled_ttft_lo_s=lo, modeled_ttft_hi_s=hi, covered=bool(lo <= measured <= hi),
+                            ratio=pred / measured, abs_err=abs(pred / measured - 1), host_busy=busy,
+                            host_busy_reason=str(g["host_busy_reason"].iloc[0]) if busy else
+                            (f"ran at {ran} torch threads, the fit's rows at {unc['threads']}" if other_threads else ""),
+                            counted=not busy and not other_threads, n_samples=len(per_sample), run_dir=str(d)))
+    if not out:
+        raise NpuMoeError(f"no measured result rows under {runs_dir}; run `npumoe-lab run --platform cpu --timeline`")
     return pd.DataFrame(out)
 
 
 def summary(df: pd.DataFrame) -> dict:
     c = df[df["counted"]]
+    cov = c["covered"] if "covered" in c else pd.Series(dtype=bool)
+    has_iv = "modeled_ttft_lo_s" in c and c["modeled_ttft_lo_s"].notna().any()
     return {"n_rows": int(len(df)), "n_counted": int(len(c)), "n_host_busy_excluded": int((~df["counted"]).sum()),
             "median_abs_err": float(c["abs_err"].median()) if len(c) else float("nan"),
-            "worst_abs_err": float(c["abs_err"].max()) if len(c) else float("nan")}
+            "worst_abs_err": float(c["abs_err"].max()) if len(c) else float("nan"),
+            "coverage": float(cov.mean()) if len(c) and has_iv else float("nan"),
+            "n_covered": int(cov.sum()) if has_iv else 0,
+            "median_width": float((c["modeled_ttft_hi_s"] / c["modeled_ttft_lo_s"]).median()) if len(c) and has_iv
+            else float("nan")}
+
+
+def acceptance(s: dict) -> bool:
+    """The loop's goal on a quiet host: median |error| <= 10 %, worst <= 25 %, 90 % coverage >= 80 %."""
+    return bool(s["n_counted"] and s["median_abs_err"] <= 0.10 and s["worst_abs_err"] <= 0.25
+                and not s["coverage"] < 0.80)
+
+
+def table_lines(df: pd.DataFrame) -> list:
+    lines = ["| model | workload | variant | dtype | prompt | chunk | measured TTFT (s) | modeled TTFT (s) [90 %] | "
+             "error | inside | counted |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in df.itertuples():
+        iv = f" [{r.modeled_ttft_lo_s:.4f}, {r.modeled_ttft_hi_s:.4f}]" if np.isfinite(r.modeled_ttft_lo_s) else ""
+        lines.append(f"| {r.model} | {r.workload} | {r.variant} | {r.dtype} | {r.prompt_len} | {r.chunk} | "
+                     f"{r.measured_ttft_s:.4f} | {r.modeled_ttft_s:.4f}{iv} | {100 * (r.ratio - 1):+.1f} % | "
+                     f"{'yes' if r.covered else 'no'} | {'yes' if r.counted else 'no: ' + r.host_busy_reason} |")
+    return lines
+
+
+def verdict(s: dict) -> str:
+    err_ok = bool(s["n_counted"]) and s["median_abs_err"] <= 0.10 and s["worst_abs_err"] <= 0.25
+    cov = "no counted rows" if not s["n_counted"] else "no intervals (a fit from before them)" \
+        if not np.isfinite(s["coverage"]) else \
+        f"{s['n_covered']} of {s['n_counted']} ({100 * s['coverage']:.0f} %; goal >= 80 %: " \
+        f"{'met' if s['coverage'] >= 0.80 else 'NOT met'}), median width hi/lo {s['median_width']:.2f}x"
+    return (f"Counted rows: {s['n_counted']} of {s['n_rows']} ({s['n_host_busy_excluded']} flagged host_busy, "
+            f"excluded). Median |error| {100 * s['median_abs_err']:.1f} %, worst {100 * s['worst_abs_err']:.1f} % "
+            f"(goal on a quiet host: <= 10 % and <= 25 %: {'met' if err_ok else 'NOT met'}). Measured TTFT "
+            f"inside the modeled 90 % interval: {cov}.")
 
 
 def report(df: pd.DataFrame, platform_path, runs_dir) -> str:
-    """RUNS_VALIDATION.md: the table (measured vs modeled TTFT) and the acceptance numbers."""
-    s = summary(df)
-    ok = s["n_counted"] > 0 and s["median_abs_err"] <= 0.10 and s["worst_abs_err"] <= 0.25
+    """RUNS_VALIDATION.md: the table (measured vs modeled TTFT with its interval) and the acceptance numbers."""
     lines = [f"# Held-out runs re-priced with {platform_path}", "",
              f"Runs: {runs_dir}. measured = the run's TTFT (median over repeats, MEASURED on this host); "
-             "modeled = the fitted host model's price of the same op stream (MODELED).", "",
-             "| model | variant | prompt | chunk | measured TTFT (s) | modeled TTFT (s) | modeled/measured | counted |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in df.itertuples():
-        lines.append(f"| {r.model} | {r.variant} | {r.prompt_len} | {r.chunk} | {r.measured_ttft_s:.4f} | "
-                     f"{r.modeled_ttft_s:.4f} | {r.ratio:.3f} | {'yes' if r.counted else 'no: ' + r.host_busy_reason} |")
-    lines += ["", f"Counted rows: {s['n_counted']} of {s['n_rows']} ({s['n_host_busy_excluded']} flagged host_busy, "
-              f"excluded). Median |error| {100 * s['median_abs_err']:.1f} %, worst {100 * s['worst_abs_err']:.1f} % "
-              f"(acceptance on a quiet host: <= 10 % and <= 25 %: {'met' if ok else 'NOT met'})."]
+             "modeled = the fitted host model's price of the same op stream (MODELED), with its 90 % interval "
+             "(the fit's Laplace posterior x its cross-validated whole-prefill noise).", "",
+             *table_lines(df), "", verdict(summary(df))]
     return "\n".join(lines) + "\n"
 
 
@@ -103,4 +187,5 @@ def write_validation(df: pd.DataFrame, out_dir, platform_path, runs_dir) -> Path
     return out / "RUNS_VALIDATION.md"
 
 
-__all__ = ["validate_runs", "reprice_timeline", "summary", "report", "write_validation"]
+__all__ = ["validate_runs", "reprice_timeline", "timeline_ops", "ttft_interval", "summary", "acceptance", "verdict",
+           "table_lines", "report", "write_validation"]
