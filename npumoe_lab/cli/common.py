@@ -7,3 +7,53 @@ DTYPE_HELP = ("model dtype: auto (default; this CPU's fast dtype: bf16 with avx5
 
 def add_dtype_argument(p) -> None:
     p.add_argument("--dtype", default="auto", help=DTYPE_HELP)
+
+
+# ---- list-valued flags: one spelling everywhere (`--prompt-len 256,512 --chunk 128,256`: one cell per pair) ----
+
+def int_list(value, flag: str, minimum: int = 1) -> list[int]:
+    """'256,512' (or an int, or a list) -> [256, 512]; every value >= minimum, else one error naming the flag."""
+    from npumoe_lab.errors import NpuMoeError
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    out = []
+    for item in items:
+        try:
+            n = int(str(item).strip())
+        except ValueError:
+            raise NpuMoeError(f"{flag} {value}: {item!r} is not a whole number; give one or a comma list, "
+                              f"e.g. {flag} 256,512") from None
+        if n < minimum:
+            raise NpuMoeError(f"{flag} {value}: every value must be >= {minimum} (got {n})")
+        out.append(n)
+    if not out:
+        raise NpuMoeError(f"{flag} is empty; give one value or a comma list")
+    return out
+
+
+def name_list(value, flag: str) -> list[str]:
+    """'a,b' -> ['a', 'b'] (blank items dropped); an empty list is one error naming the flag."""
+    from npumoe_lab.errors import NpuMoeError
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    out = [str(s).strip() for s in items if str(s).strip()]
+    if not out:
+        raise NpuMoeError(f"{flag} is empty; give one name or a comma list")
+    return out
+
+
+def positive(value, flag: str, minimum: int = 1):
+    """One number >= minimum (None passes: a default decided later), else one error naming the flag."""
+    from npumoe_lab.errors import NpuMoeError
+    if value is not None and value < minimum:
+        raise NpuMoeError(f"{flag} {value}: must be >= {minimum}")
+    return value
+
+
+def cells(**lists) -> list[dict]:
+    """Every combination of the lists, in flag order: cells(prompt_len=[256, 512], chunk=[128, 256]) -> 4 dicts."""
+    import itertools
+    keys = list(lists)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(lists[k] for k in keys))]
+
+
+def list_help(what: str, default) -> str:
+    return f"{what}: one value or a comma list, one cell of rows per combination (default {default})"

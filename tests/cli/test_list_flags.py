@@ -1,0 +1,75 @@
+"""One command line: list-valued flags take comma lists in every command that has them (one cell of rows per
+combination), and every command checks its inputs before a model loads."""
+import pandas as pd
+import pytest
+
+from npumoe_lab import cli
+from npumoe_lab.cli.common import cells, int_list
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.results.store import load_results
+
+
+def _no_model_load(monkeypatch):
+    """Any model load fails the test: the checks must come first."""
+    def refuse(*a, **k):
+        raise AssertionError("a model was loaded before the inputs were checked")
+    import npumoe_lab.experiments.runner as runner
+    import npumoe_lab.models.loading as loading
+    monkeypatch.setattr(loading, "load_model", refuse)
+    monkeypatch.setattr(runner, "load_model", refuse)
+    monkeypatch.setattr(runner, "run_experiment", refuse)
+
+
+def test_int_list_and_cells():
+    assert int_list("256,512", "--prompt-len") == [256, 512] and int_list(128, "--chunk") == [128]
+    assert cells(a=[1, 2], b=["x", "y"]) == [{"a": 1, "b": "x"}, {"a": 1, "b": "y"}, {"a": 2, "b": "x"},
+                                            {"a": 2, "b": "y"}]
+    with pytest.raises(NpuMoeError, match="--chunk 128,0: every value must be >= 1"):
+        int_list("128,0", "--chunk")
+
+
+@pytest.mark.parametrize("argv, flag", [(["--n-samples", "0"], "--n-samples"), (["--chunk", "0"], "--chunk"),
+                                        (["--chunk", "128,0"], "--chunk"), (["--prompt-len", "2x"], "--prompt-len"),
+                                        (["--repeats", "0"], "--repeats"),
+                                        (["--prompt-len", "100,512", "--chunk", "128"], "larger than the prompt")])
+def test_run_checks_its_inputs_before_any_model_load(argv, flag, monkeypatch, capsys, tmp_path):
+    _no_model_load(monkeypatch)
+    rc = cli.main(["run", "--workload", "lm-heldout", *argv, "--out", str(tmp_path / "r")])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 2 and len(err) == 1 and flag in err[0], err
+    assert not (tmp_path / "r").exists()
+
+
+def test_run_refuses_a_corrupt_plan_before_any_model_load(monkeypatch, capsys, tmp_path):
+    _no_model_load(monkeypatch)
+    bad = tmp_path / "plan.json"
+    bad.write_text('{"layers": [')
+    rc = cli.main(["run", "--workload", "lm-heldout", "--plan", str(bad), "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "not valid JSON" in err and str(bad) in err
+
+
+def test_run_prompt_len_and_chunk_lists_write_one_cell_per_combination(monkeypatch, capsys, tmp_path):
+    """`run --prompt-len 256,512 --chunk 128,256` -> 4 cells of rows, the model loaded once for all of them."""
+    import npumoe_lab.cli.run as run_cli
+    import npumoe_lab.experiments.runner as runner
+    loads, calls = [], []
+    monkeypatch.setattr(run_cli, "_loaded", lambda name, dtype: loads.append(name) or ("model", "tok"))
+
+    def fake_run(model, workload, prompt_len, chunk, variants, platforms, **kw):
+        calls.append((model, workload, prompt_len, chunk))
+        return pd.DataFrame([{"model": kw["model_name"], "workload": workload, "variant": v, "platform": "m2-max",
+                              "prompt_len": prompt_len, "chunk": chunk, "repeat": 0, "ttft_s": t,
+                              "timing_source": "modeled", "energy_source": "modeled", "cycles_source": "modeled"}
+                             for v, t in (("cpu-only", 0.2), ("npumoe", 0.1))])
+    monkeypatch.setattr(runner, "run_experiment", fake_run)
+    out = tmp_path / "r"
+    rc = cli.main(["run", "--workload", "lm-heldout", "--prompt-len", "256,512", "--chunk", "128,256",
+                   "--platforms", "m2-max", "--variants", "cpu-only,npumoe", "--out", str(out)])
+    assert rc == 0 and loads == ["tiny"]
+    assert [c[2:] for c in calls] == [(256, 128), (256, 256), (512, 128), (512, 256)]
+    assert all(c[0] == ("model", "tok") for c in calls)
+    df = load_results(out)
+    assert sorted(df.groupby(["prompt_len", "chunk"]).size().items()) == \
+        [((256, 128), 2), ((256, 256), 2), ((512, 128), 2), ((512, 256), 2)]
+    assert capsys.readouterr().out.count("prompt_len 512, chunk 256") == 1
