@@ -8,6 +8,12 @@ from npumoe_lab.workloads.texts import DOMAINS
 
 
 def _drift(args) -> int:
+    from npumoe_lab.cli.common import positive
+    from npumoe_lab.execution.config import check_lengths     # light: no torch
+    check_lengths(args.prompt_len, args.chunk)                # every input checked before the model loads
+    for flag, value in (("--calib-tokens", args.calib_tokens), ("--persist", args.persist),
+                        ("--window", args.window)):
+        positive(value, flag)
     # lazy: torch and the model load only when the command runs (`--help` stays fast)
     from npumoe_lab.models import load_model
     from npumoe_lab.studies.adaptive import drift_run

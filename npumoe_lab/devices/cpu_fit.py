@@ -90,7 +90,7 @@ def fit_host(df, source: str = "", include_busy: bool = False) -> dict:
 
 
 def write_fit(res: dict, out_dir, measurements: str) -> Path:
-    """DIR/cpu-fit.yaml: the cpu platform with fitted values (see module doc)."""
+    """DIR/cpu-fit.yaml: the cpu platform with fitted values (see module doc); out_dir None: its text."""
     raw = yaml.safe_load((PLATFORM_DIR / "cpu.yaml").read_text())
     params = {r: raw[r] for r in ("npu", "cpu")}
     fill_host_params(params)
@@ -127,11 +127,14 @@ def write_fit(res: dict, out_dir, measurements: str) -> Path:
                          "free_parameters": list(res["free"]),
                          "fit_median_abs_err": res["median_abs_err"], "fit_worst_abs_err": res["worst_abs_err"],
                          "rms_log": res["rms_log"], "created": stamp})
+    text = ("# FITTED host model (devices/cpu_fit.py); every number in host_model is fitted on measured rows\n"
+            + yaml.safe_dump(out, sort_keys=False))
+    if out_dir is None:            # the CLI writes it (atomically, after printing the table)
+        return text
     path = Path(out_dir) / FIT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("# FITTED host model (devices/cpu_fit.py); every number in host_model is fitted on measured rows\n"
-                   + yaml.safe_dump(out, sort_keys=False))
+    tmp.write_text(text)
     tmp.replace(path)              # atomic: a reader never sees half a fit
     return path
 
@@ -158,19 +161,6 @@ def load_host_model(path) -> dict:
 
 
 
-def fit_cli(a) -> int:
-    """`fit-device --platform cpu --measurements DIR --out DIR` (fit.py hands the measured platform here)."""
-    df = load_measurements(a.measurements)
-    res = fit_host(df, str(a.measurements), include_busy=getattr(a, "include_busy", False))
-    path = write_fit(res, a.out, str(a.measurements))
-    print(f"fitted {len(res['free'])} parameters of the cpu host model on {len(res['rows_used'])} fit rows of "
-          f"{res['chip']} ({res['n_busy_skipped']} host_busy rows skipped, {res['n_busy_used']} used): median |error| "
-          f"{res['median_abs_err']:.1%}, worst {res['worst_abs_err']:.1%} (modeled vs measured)\n" +
-          "\n".join(f"  {k} = {res['params'][k]:.4g}  (90 % {res['intervals'][k][0]:.3g}-{res['intervals'][k][1]:.3g})"
-                    for k in res["free"]) + f"\nwritten {path}")
-    return 0
-
-
 def is_host_fit(path) -> bool:
     """Whether `path` names a platform YAML with a fitted host model (cpu-fit.yaml)."""
     p = Path(str(path))
@@ -183,7 +173,7 @@ def is_host_fit(path) -> bool:
     return isinstance(raw, dict) and "host_model" in raw
 
 
-def validate_host_rows(platform_path, measurements, out) -> tuple:
+def validate_host_rows(platform_path, measurements, out=None) -> tuple:
     """validate-device of a host fit on measurement rows: validation.csv (role, kind, chip, measured_s,
     predicted_s, ratio) and VALIDATION.md (median and worst |ratio - 1| per role and kind; host_busy rows apart)."""
     params = load_host_model(platform_path)
@@ -203,6 +193,8 @@ def validate_host_rows(platform_path, measurements, out) -> tuple:
     lines += ["", f"All counted rows: {len(quiet)}, median {e.median():.1%}, worst {e.max():.1%}; "
               f"host_busy rows excluded: {int(res['host_busy'].sum())}."]
     text = "\n".join(lines) + "\n"
+    if out is None:                # the CLI prints the table, then writes
+        return res, text
     outp = Path(out)
     outp.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(res).to_csv(outp / "validation.csv", index=False)
@@ -210,5 +202,5 @@ def validate_host_rows(platform_path, measurements, out) -> tuple:
     return res, text
 
 
-__all__ = ["host_op", "host_rows", "fit_host", "write_fit", "load_host_model", "fit_cli", "is_host_fit",
+__all__ = ["host_op", "host_rows", "fit_host", "write_fit", "load_host_model", "is_host_fit",
            "validate_host_rows", "FIT_FILE"]
