@@ -38,8 +38,29 @@ def _loaded(name, dtype):
     return load_model(name, dtype=resolve_dtype(dtype))
 
 
+def contended_threads(a) -> int | None:
+    """Measured platforms without --threads: the thread count that leaves the cores other processes hold to them,
+    said in one line (the rows record it in torch_threads); None: torch's own choice (a quiet host, or modeled)."""
+    if a.threads is not None:
+        return a.threads
+    from npumoe_lab.devices import as_platform
+    if not any(as_platform(p).kind == "measured" for p in name_list(a.platforms, "--platforms")):
+        return None
+    import torch
+    from npumoe_lab.devices.hostload import others_cores, uncontended_threads
+    others, n_cpus = others_cores()
+    wanted = torch.get_num_threads()
+    threads = uncontended_threads(others, n_cpus, wanted)
+    if threads < wanted:
+        print(f"host busy: other processes use {others:.1f} of {n_cpus} cores, so the measured platforms run with "
+              f"--threads {threads} (not {wanted}) for every variant alike; give --threads to choose", flush=True)
+        return threads
+    return None
+
+
 def _run(a) -> int:
     grid = check_inputs(a)
+    threads = contended_threads(a)
     # lazy: torch, pandas and the model load only when the command runs (`--help` stays fast)
     import pandas as pd
     from npumoe_lab.experiments.runner import ablation_report, median_table, run_experiment
@@ -56,7 +77,7 @@ def _run(a) -> int:
             frames.append(run_experiment(model=model, variants=a.variants, platforms=a.platforms, plan=a.plan,
                                          repeats=a.repeats, n_samples=a.n_samples, seed=a.seed, out=early,
                                          calib_workload=a.calib_workload, calib_tokens=a.calib_tokens,
-                                         timeline=a.timeline, npu_backend=a.npu_backend, threads=a.threads,
+                                         timeline=a.timeline, npu_backend=a.npu_backend, threads=threads,
                                          dtype=a.dtype, drift=a.drift, draws=a.draws,
                                          model_name=str(a.model), **c, **knobs))
     df = pd.concat(frames, ignore_index=True)

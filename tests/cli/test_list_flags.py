@@ -73,3 +73,49 @@ def test_run_prompt_len_and_chunk_lists_write_one_cell_per_combination(monkeypat
     assert sorted(df.groupby(["prompt_len", "chunk"]).size().items()) == \
         [((256, 128), 2), ((256, 256), 2), ((512, 128), 2), ((512, 256), 2)]
     assert capsys.readouterr().out.count("prompt_len 512, chunk 256") == 1
+
+
+def test_a_busy_host_gets_one_line_and_fewer_threads_for_every_variant(monkeypatch, capsys, tmp_path):
+    """Other processes spinning on every core: `run --platform cpu` says what it did in one line and runs every
+    cell with fewer torch threads than it would have (recorded per row as torch_threads by the runner)."""
+    import os
+    import subprocess
+    import sys
+    import torch
+    import npumoe_lab.cli.run as run_cli
+    import npumoe_lab.experiments.runner as runner
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: nothing to give back")
+    previous = torch.get_num_threads()          # the suite runs one thread (conftest); a run starts with two
+    torch.set_num_threads(2)
+    seen = []
+
+    def fake_run(model, workload, prompt_len, chunk, variants, platforms, threads=None, **kw):
+        seen.append(threads)
+        return pd.DataFrame([{"model": "tiny", "workload": workload, "variant": "cpu-only", "platform": "cpu",
+                              "prompt_len": prompt_len, "chunk": chunk, "repeat": 0, "ttft_s": 0.1,
+                              "timing_source": "measured", "energy_source": "modeled", "cycles_source": "modeled"}])
+    monkeypatch.setattr(runner, "run_experiment", fake_run)
+    monkeypatch.setattr(run_cli, "_loaded", lambda name, dtype: ("model", "tok"))
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        rc = cli.main(["run", "--workload", "lm-heldout", "--platforms", "cpu", "--variants", "cpu-only",
+                       "--prompt-len", "256", "--chunk", "128,256", "--out", str(tmp_path / "r")])
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+        torch.set_num_threads(previous)
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("host busy:")]
+    assert rc == 0 and len(lines) == 1 and "--threads 1" in lines[0], out
+    assert seen == [1, 1]
+
+
+def test_given_threads_are_kept_and_modeled_runs_are_not_probed(monkeypatch):
+    import argparse
+    import npumoe_lab.cli.run as run_cli
+    assert run_cli.contended_threads(argparse.Namespace(threads=3, platforms="cpu")) == 3
+    import npumoe_lab.devices.hostload as hostload
+    monkeypatch.setattr(hostload, "others_cores", lambda: pytest.fail("a modeled run probed the host"))
+    assert run_cli.contended_threads(argparse.Namespace(threads=None, platforms="m2-max")) is None
