@@ -1,6 +1,8 @@
 """Flags several commands share, so each says the same thing everywhere."""
 from __future__ import annotations
 
+from npumoe_lab.errors import NpuMoeError
+
 DTYPE_HELP = ("model dtype: auto (default; this CPU's fast dtype: bf16 with avx512_bf16/AMX, else fp32), fp32, bf16. "
               "The same policy in calibrate, plan and run; the model fingerprint does not depend on it")
 
@@ -13,7 +15,6 @@ def add_dtype_argument(p) -> None:
 
 def int_list(value, flag: str, minimum: int = 1) -> list[int]:
     """'256,512' (or an int, or a list) -> [256, 512]; every value >= minimum, else one error naming the flag."""
-    from npumoe_lab.errors import NpuMoeError
     items = value if isinstance(value, (list, tuple)) else str(value).split(",")
     out = []
     for item in items:
@@ -32,7 +33,6 @@ def int_list(value, flag: str, minimum: int = 1) -> list[int]:
 
 def name_list(value, flag: str) -> list[str]:
     """'a,b' -> ['a', 'b'] (blank items dropped); an empty list is one error naming the flag."""
-    from npumoe_lab.errors import NpuMoeError
     items = value if isinstance(value, (list, tuple)) else str(value).split(",")
     out = [str(s).strip() for s in items if str(s).strip()]
     if not out:
@@ -42,7 +42,6 @@ def name_list(value, flag: str) -> list[str]:
 
 def positive(value, flag: str, minimum: int = 1):
     """One number >= minimum (None passes: a default decided later), else one error naming the flag."""
-    from npumoe_lab.errors import NpuMoeError
     if value is not None and value < minimum:
         raise NpuMoeError(f"{flag} {value}: must be >= {minimum}")
     return value

@@ -8,7 +8,7 @@ from npumoe_lab.workloads.texts import DOMAINS
 
 
 def _drift(args) -> int:
-    from npumoe_lab.cli.common import positive
+    from npumoe_lab.cli.common import positive  # lazy: the command loads only what it runs
     from npumoe_lab.execution.config import check_lengths     # light: no torch
     check_lengths(args.prompt_len, args.chunk)                # every input checked before the model loads
     for flag, value in (("--calib-tokens", args.calib_tokens), ("--persist", args.persist),

@@ -52,8 +52,8 @@ def _cli(a) -> int:
 
 def _write(path, text: str):
     """The fit file, after its table is printed: a full disk names it, leaves nothing behind, exits 2."""
-    from npumoe_lab.cli.output import writes
-    from npumoe_lab.results.atomic import write_text
+    from npumoe_lab.cli.output import writes  # lazy: the command loads only what it runs
+    from npumoe_lab.results.atomic import write_text  # lazy: the command loads only what it runs
     with writes(path.parent, "the fitted values are printed above"):
         return write_text(path, text)
 
@@ -61,8 +61,8 @@ def _write(path, text: str):
 def _host_fit(a) -> int:
     """`fit-device --platform cpu`: this host's op-level model fitted on `measure` rows (devices/cpu_fit.py)."""
     from pathlib import Path
-    from npumoe_lab.devices.cpu_fit import FIT_FILE, fit_host, write_fit
-    from npumoe_lab.devices.measurements import load_measurements
+    from npumoe_lab.devices.cpu_fit import FIT_FILE, fit_host, write_fit  # lazy: the command loads only what it runs
+    from npumoe_lab.devices.measurements import load_measurements  # lazy: the command loads only what it runs
     res = fit_host(load_measurements(a.measurements), str(a.measurements), include_busy=a.include_busy)
     print(f"fitted {len(res['free'])} parameters of the cpu host model on {len(res['rows_used'])} fit rows of "
           f"{res['chip']} ({res['n_busy_skipped']} host_busy rows skipped, {res['n_busy_used']} used): median |error| "

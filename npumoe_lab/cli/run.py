@@ -26,15 +26,15 @@ def check_inputs(a) -> list[dict]:
         check_chunk(c["chunk"])
         check_lengths(c["prompt_len"], c["chunk"])
     if a.plan is not None:      # a corrupt plan fails now, not after the model load
-        from npumoe_lab.planning.plan import Plan
+        from npumoe_lab.planning.plan import Plan  # lazy: the command loads only what it runs
         Plan.load(a.plan)
     return grid
 
 
 def _loaded(name, dtype):
     """The model and tokenizer, loaded once for every cell."""
-    from npumoe_lab.core.cpu_features import resolve_dtype
-    from npumoe_lab.models.loading import load_model
+    from npumoe_lab.core.cpu_features import resolve_dtype  # lazy: the command loads only what it runs
+    from npumoe_lab.models.loading import load_model  # lazy: the command loads only what it runs
     return load_model(name, dtype=resolve_dtype(dtype))
 
 
@@ -43,11 +43,11 @@ def contended_threads(a) -> int | None:
     said in one line (the rows record it in torch_threads); None: torch's own choice (a quiet host, or modeled)."""
     if a.threads is not None:
         return a.threads
-    from npumoe_lab.devices import as_platform
+    from npumoe_lab.devices import as_platform  # lazy: the command loads only what it runs
     if not any(as_platform(p).kind == "measured" for p in name_list(a.platforms, "--platforms")):
         return None
     import torch
-    from npumoe_lab.devices.hostload import others_cores, uncontended_threads
+    from npumoe_lab.devices.hostload import others_cores, uncontended_threads  # lazy: the command loads only what it runs
     others, n_cpus = others_cores()
     wanted = torch.get_num_threads()
     threads = uncontended_threads(others, n_cpus, wanted)

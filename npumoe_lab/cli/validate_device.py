@@ -28,8 +28,8 @@ def _write(out, res, text, figure=None) -> None:
     """validation.csv, VALIDATION.md (and the figure) after the table is printed, each atomically: a full disk
     names the file, leaves nothing behind (no 0-byte csv, no empty folder) and exits 2."""
     from pathlib import Path
-    from npumoe_lab.cli.output import save_png, writes
-    from npumoe_lab.results.atomic import write_text
+    from npumoe_lab.cli.output import save_png, writes  # lazy: the command loads only what it runs
+    from npumoe_lab.results.atomic import write_text  # lazy: the command loads only what it runs
     out = Path(out)
     with writes(out, "the table is printed above"):
         write_text(out / "validation.csv", res.to_csv(index=False))
