@@ -1,4 +1,4 @@
-"""`npumoe-lab train-tiny`: train the bundled tiny MoE (time-budgeted, resumable).
+"""`npumoe-lab train-tiny`: the training recipe of the bundled model."""
 from __future__ import annotations
 
 import argparse
