@@ -119,3 +119,12 @@ def test_given_threads_are_kept_and_modeled_runs_are_not_probed(monkeypatch):
     import npumoe_lab.devices.hostload as hostload
     monkeypatch.setattr(hostload, "others_cores", lambda: pytest.fail("a modeled run probed the host"))
     assert run_cli.contended_threads(argparse.Namespace(threads=None, platforms="m2-max")) is None
+
+
+def test_the_cache_is_per_checkout_unless_npumoe_cache_says_otherwise(monkeypatch, tmp_path):
+    from npumoe_lab.utils import REPO_ROOT, cache_dir
+    monkeypatch.delenv("NPUMOE_CACHE_DIR", raising=False)
+    monkeypatch.delenv("NPUMOE_CACHE", raising=False)
+    assert cache_dir() == REPO_ROOT / ".cache" / "npumoe-lab"
+    monkeypatch.setenv("NPUMOE_CACHE", str(tmp_path))
+    assert cache_dir() == tmp_path
