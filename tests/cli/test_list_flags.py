@@ -128,3 +128,14 @@ def test_the_cache_is_per_checkout_unless_npumoe_cache_says_otherwise(monkeypatc
     assert cache_dir() == REPO_ROOT / ".cache" / "npumoe-lab"
     monkeypatch.setenv("NPUMOE_CACHE", str(tmp_path))
     assert cache_dir() == tmp_path
+
+
+def test_measure_coreml_off_macos_refuses_before_importing_torch(tmp_path):
+    import subprocess
+    import sys
+    if sys.platform == "darwin":
+        pytest.skip("a Mac runs Core ML")
+    code = ("import sys\nfrom npumoe_lab import cli\nrc = cli.main(['measure', '--device', 'coreml', '--out', "
+            f"{str(tmp_path / 'm')!r}])\nprint(rc, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["2", "False"] and "needs macOS" in out.stderr, (out.stdout, out.stderr)
