@@ -53,8 +53,12 @@ def _accuracy(args) -> int:
                         calib_workload=args.calib_workload, calib_tokens=args.calib_tokens,
                         draws=args.draws, ref_cache=not args.no_ref_cache, threads=args.threads)
     print("\n".join(verdict_lines(verdict(rows, samples), rows)))
-    if args.out:
-        print(f"wrote {args.out}/curve.csv, samples.csv, ACCURACY.md, accuracy_curve.png/.pdf")
+    if args.out:     # the curve's rows also as result rows: load_results(DIR) reads them like every command's
+        from npumoe_lab.cli.output import writes  # lazy: with the rest of the command
+        from npumoe_lab.results.store import write_rows  # lazy: pandas
+        with writes(args.out, "curve.csv is written and the verdict printed above"):
+            write_rows(rows.assign(repeat=0), args.out)
+        print(f"wrote {args.out}/curve.csv, samples.csv, rows-*.parquet, ACCURACY.md, accuracy_curve.png/.pdf")
     return 0
 
 

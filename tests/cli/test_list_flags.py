@@ -139,3 +139,18 @@ def test_measure_coreml_off_macos_refuses_before_importing_torch(tmp_path):
             f"{str(tmp_path / 'm')!r}])\nprint(rc, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["2", "False"] and "needs macOS" in out.stderr, (out.stdout, out.stderr)
+
+
+def test_accuracy_rows_load_with_load_results(monkeypatch, tmp_path):
+    """accuracy writes its curve rows as result rows too (load_results reads no curve.csv)."""
+    import npumoe_lab.studies.accuracy_curve as curve
+    import npumoe_lab.studies.accuracy_verdict as verdict
+    rows = pd.DataFrame([dict(model="tiny", workload="lm-next", variant="npumoe-tg", platform="m2-max",
+                              prompt_len=256, chunk=256, saliency="weight", percentile=p, drop_rate=d, ttft_s=0.01,
+                              timing_source="modeled", accuracy_delta=-d) for p, d in ((90, 0.02), (100, 0.0))])
+    monkeypatch.setattr(curve, "run_curve", lambda out, **kw: (rows, pd.DataFrame()))
+    monkeypatch.setattr(verdict, "verdict", lambda r, s: None)
+    monkeypatch.setattr(verdict, "verdict_lines", lambda v, r: ["verdict"])
+    assert cli.main(["accuracy", "--out", str(tmp_path / "acc")]) == 0
+    got = load_results(tmp_path / "acc")
+    assert sorted(got["percentile"]) == [90, 100] and set(got["variant"]) == {"npumoe-tg"}
