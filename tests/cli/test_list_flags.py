@@ -154,3 +154,15 @@ def test_accuracy_rows_load_with_load_results(monkeypatch, tmp_path):
     assert cli.main(["accuracy", "--out", str(tmp_path / "acc")]) == 0
     got = load_results(tmp_path / "acc")
     assert sorted(got["percentile"]) == [90, 100] and set(got["variant"]) == {"npumoe-tg"}
+
+
+def test_simulate_prints_a_summary_with_intervals_not_every_row(tmp_path, capsys):
+    rc = cli.main(["simulate", "--geometry", "phi-tiny-moe", "--prompt-len", "512,1024", "--chunk", "128,256",
+                   "--draws", "20", "--out", str(tmp_path / "s")])
+    out = capsys.readouterr().out
+    df = load_results(tmp_path / "s")
+    assert rc == 0 and len(df) > 20 and df.groupby(["prompt_len", "chunk"]).ngroups == 4
+    table = out.split("\n\n")[0].splitlines()
+    assert len(table) == 1 + 1 + 4 and "90 % interval" in table[0]     # title, header, one line per cell
+    r = df[(df.variant == "npumoe") & (df.prompt_len == 512) & (df.chunk == 128)].iloc[0]
+    assert f"{r.ttft_s:.3g} [{r.ttft_s_lo:.3g}-{r.ttft_s_hi:.3g}]" in out
