@@ -41,11 +41,14 @@ def _loaded(name, dtype):
 def contended_threads(a) -> int | None:
     """Measured platforms without --threads: the thread count that leaves the cores other processes hold to them,
     said in one line (the rows record it in torch_threads); None: torch's own choice (a quiet host, or modeled)."""
-    if a.threads is not None:
-        return a.threads
     from npumoe_lab.devices import as_platform  # lazy: the command loads only what it runs
     if not any(as_platform(p).kind == "measured" for p in name_list(a.platforms, "--platforms")):
-        return None
+        return a.threads
+    if not getattr(a, "timeline", True):       # said up front, not when validate-device --runs finds no timeline
+        print("note: measured rows without --timeline cannot be re-priced by `validate-device --runs` (it needs "
+              "each row's op stream); add --timeline for that", flush=True)
+    if a.threads is not None:
+        return a.threads
     import torch
     from npumoe_lab.devices.hostload import others_cores, uncontended_threads  # lazy: the command loads only what it runs
     others, n_cpus = others_cores()

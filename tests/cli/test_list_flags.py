@@ -119,6 +119,7 @@ def test_given_threads_are_kept_and_modeled_runs_are_not_probed(monkeypatch):
     import npumoe_lab.devices.hostload as hostload
     monkeypatch.setattr(hostload, "others_cores", lambda: pytest.fail("a modeled run probed the host"))
     assert run_cli.contended_threads(argparse.Namespace(threads=None, platforms="m2-max")) is None
+    assert run_cli.contended_threads(argparse.Namespace(threads=2, platforms="m2-max")) == 2
 
 
 def test_the_cache_is_per_checkout_unless_npumoe_cache_says_otherwise(monkeypatch, tmp_path):
