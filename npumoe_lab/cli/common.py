@@ -56,3 +56,19 @@ def cells(**lists) -> list[dict]:
 
 def list_help(what: str, default) -> str:
     return f"{what}: one value or a comma list, one cell of rows per combination (default {default})"
+
+
+def terminal_text(text: str, width: int = 118) -> str:
+    """A markdown report for the terminal: prose and heading lines wrapped at `width` (tables and code kept)."""
+    import textwrap
+    out = []
+    for line in text.splitlines():
+        if len(line) <= width or line.lstrip().startswith(("|", "```")) or line.startswith("    "):
+            out.append(line)
+            continue
+        lead = len(line) - len(line.lstrip())
+        bullet = line.lstrip()[:2] if line.lstrip()[:2] in ("- ", "* ") else ""
+        out.append(textwrap.fill(line.strip(), width, initial_indent="", subsequent_indent=" " * (lead + len(bullet)))
+                   if not lead else textwrap.fill(line.strip(), width, initial_indent=" " * lead,
+                                                  subsequent_indent=" " * (lead + len(bullet))))
+    return "\n".join(out)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from npumoe_lab.cli.common import terminal_text
 from npumoe_lab.cli.output import save_png, writes
 
 
@@ -20,7 +21,7 @@ def _morris(a) -> int:
     text = (f"# Global sensitivity of the modeled conclusions: {a.geometry}, prompt {a.prompt_len}, chunk {a.chunk}, "
             f"routing {a.routing}; platforms {', '.join(specs)} (every number modeled; SALib Morris, "
             f"{a.trajectories} trajectories)\n\n" + global_report(effects, probs) + "\n")
-    print(text, flush=True)                  # first: a full disk cannot lose the report
+    print(terminal_text(text), flush=True)    # first: a full disk cannot lose the report (the file keeps it whole)
     with writes(out, "the report is printed above"):
         out.mkdir(parents=True, exist_ok=True)
         effects.assign(timing_source="modeled").to_csv(out / "sensitivity_effects.csv", index=False)
@@ -42,7 +43,7 @@ def _sensitivity(a) -> int:
     out = Path(a.out)
     text = (f"# Sensitivity of the modeled conclusions: {a.geometry} on {a.platform}, prompt {a.prompt_len}, chunk "
             f"{a.chunk}, routing {a.routing} (every number modeled)\n\n" + report(res) + "\n")
-    print(text, flush=True)                  # first: a full disk cannot lose the report
+    print(terminal_text(text), flush=True)    # first: a full disk cannot lose the report (the file keeps it whole)
     with writes(out, "the report is printed above"):
         write_rows(res.rename(columns={"geometry": "model"}).assign(workload=a.routing.split(":")[0],
                                                                      variant="npumoe", repeat=0), out, "sensitivity")

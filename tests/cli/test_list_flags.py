@@ -167,3 +167,12 @@ def test_simulate_prints_a_summary_with_intervals_not_every_row(tmp_path, capsys
     assert len(table) == 1 + 1 + 4 and "90 % interval" in table[0]     # title, header, one line per cell
     r = df[(df.variant == "npumoe") & (df.prompt_len == 512) & (df.chunk == 128)].iloc[0]
     assert f"{r.ttft_s:.3g} [{r.ttft_s_lo:.3g}-{r.ttft_s_hi:.3g}]" in out
+
+
+def test_terminal_text_wraps_prose_and_keeps_tables_and_words():
+    from npumoe_lab.cli.common import terminal_text
+    text = "# " + "heading " * 30 + "\n\n- " + "word " * 80 + "\n| a | b |\n|---|---|\n| " + "x" * 200 + " |"
+    out = terminal_text(text)
+    assert " ".join(out.split()) == " ".join(text.split())
+    assert all(len(line) <= 118 for line in out.splitlines() if not line.startswith("|"))
+    assert "| " + "x" * 200 + " |" in out.splitlines()
