@@ -24,7 +24,8 @@ def int_list(value, flag: str, minimum: int = 1) -> list[int]:
             raise NpuMoeError(f"{flag} {value}: {item!r} is not a whole number; give one or a comma list, "
                               f"e.g. {flag} 256,512") from None
         if n < minimum:
-            raise NpuMoeError(f"{flag} {value}: every value must be >= {minimum} (got {n})")
+            where = f" (in {flag} {value})" if len(items) > 1 else ""
+            raise NpuMoeError(f"{flag} {n} must be an integer >= {minimum}{where}")
         out.append(n)
     if not out:
         raise NpuMoeError(f"{flag} is empty; give one value or a comma list")
@@ -72,3 +73,36 @@ def terminal_text(text: str, width: int = 118) -> str:
                    if not lead else textwrap.fill(line.strip(), width, initial_indent=" " * lead,
                                                   subsequent_indent=" " * (lead + len(bullet))))
     return "\n".join(out)
+
+
+def over_cells(handler, a, lists: dict) -> int:
+    """Run a one-cell command `handler(a)` once per combination of its list-valued flags. `lists`: attribute ->
+    flag (ints: prompt_len, chunk; names otherwise), every value checked before the first cell runs. With several
+    cells each writes under its own --out subfolder (prompt_len-512_chunk-128/...; load_results reads them all)."""
+    import copy
+    from pathlib import Path
+    parsed = {}
+    for attr, flag in lists.items():
+        value = getattr(a, attr)
+        if value is None:                      # a default the command decides
+            parsed[attr] = [None]
+        elif attr in ("prompt_len", "chunk"):
+            parsed[attr] = int_list(value, flag)
+        else:
+            parsed[attr] = name_list(value, flag)
+    grid = cells(**parsed)
+    if len(grid) == 1:
+        for k, v in grid[0].items():
+            setattr(a, k, v)
+        return handler(a)
+    rc = 0
+    for c in grid:
+        b = copy.copy(a)
+        label = "_".join(f"{k}-{v}" for k, v in c.items() if len(parsed[k]) > 1)
+        for k, v in c.items():
+            setattr(b, k, v)
+        if getattr(a, "out", None):
+            b.out = str(Path(a.out) / label)
+        print(f"\n== {label.replace('_', ', ').replace('-', ' ', 1)}", flush=True)
+        rc = max(rc, int(handler(b) or 0))
+    return rc

@@ -24,7 +24,7 @@ def test_int_list_and_cells():
     assert int_list("256,512", "--prompt-len") == [256, 512] and int_list(128, "--chunk") == [128]
     assert cells(a=[1, 2], b=["x", "y"]) == [{"a": 1, "b": "x"}, {"a": 1, "b": "y"}, {"a": 2, "b": "x"},
                                             {"a": 2, "b": "y"}]
-    with pytest.raises(NpuMoeError, match="--chunk 128,0: every value must be >= 1"):
+    with pytest.raises(NpuMoeError, match=r"--chunk 0 must be an integer >= 1 \(in --chunk 128,0\)"):
         int_list("128,0", "--chunk")
 
 
@@ -176,3 +176,38 @@ def test_terminal_text_wraps_prose_and_keeps_tables_and_words():
     assert " ".join(out.split()) == " ".join(text.split())
     assert all(len(line) <= 118 for line in out.splitlines() if not line.startswith("|"))
     assert "| " + "x" * 200 + " |" in out.splitlines()
+
+
+@pytest.mark.parametrize("command, module, handler, extra", [
+    ("drift", "drift", "_drift", []), ("tune", "tune", "_tune", ["--budget-drop", "0.05"]),
+    ("sensitivity", "sensitivity", "_sensitivity", []), ("accuracy", "accuracy", "_accuracy", [])])
+def test_every_command_with_the_flags_takes_the_same_lists(command, module, handler, extra, monkeypatch, tmp_path):
+    """`--prompt-len 512,1024 --chunk 128,256` (and --platforms a,b where the command has it) runs one cell per
+    combination, each under its own --out subfolder."""
+    import importlib
+    mod = importlib.import_module(f"npumoe_lab.cli.{module}")
+    seen = []
+    monkeypatch.setattr(mod, handler, lambda a: seen.append((a.prompt_len, a.chunk, getattr(a, "platform", None),
+                                                             a.out)) or 0)
+    plats = ["--platforms", "m2-max,m4-max"] if command != "sensitivity" else []
+    rc = cli.main([command, *extra, "--prompt-len", "512,1024", "--chunk", "128,256", *plats,
+                   "--out", str(tmp_path / "o")])
+    n_plat = 2 if plats else 1
+    assert rc == 0 and len(seen) == 4 * n_plat
+    assert {(p, c) for p, c, _, _ in seen} == {(512, 128), (512, 256), (1024, 128), (1024, 256)}
+    assert len({o for *_, o in seen}) == len(seen) and all(o.startswith(str(tmp_path / "o")) for *_, o in seen)
+
+
+def test_commands_without_lists_say_why():
+    """The flags stay single where a command makes one artifact from one choice; everything else takes lists."""
+    single = {"calibrate": "one calibration profile per run", "plan": "one plan file",
+              "convert": "the graphs of one plan", "fit-device": "one platform's fit",
+              "validate-device": "one platform's validation"}
+    for command in cli.SUBCOMMANDS:
+        parser = cli.build_parser([command])
+        sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+        for action in sub.choices[command]._actions:
+            names = set(action.option_strings) & {"--prompt-len", "--chunk", "--variants", "--variant",
+                                                  "--platforms", "--platform", "--workload"}
+            if names and command not in single:
+                assert "comma list" in (action.help or ""), (command, names, action.help)
