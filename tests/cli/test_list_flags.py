@@ -211,3 +211,21 @@ def test_commands_without_lists_say_why():
                                                   "--platforms", "--platform", "--workload"}
             if names and command not in single:
                 assert "comma list" in (action.help or ""), (command, names, action.help)
+
+
+def test_convert_writes_only_under_out(tmp_path, monkeypatch):
+    from tests.graphs.test_graphs import tiny_plan
+    from tests.model_zoo import tiny_model
+    from npumoe_lab.utils import REPO_ROOT
+    monkeypatch.delenv("NPUMOE_GRAPH_CACHE", raising=False)
+    model = tiny_model("qwen3_moe")
+    model.save_pretrained(tmp_path / "model")
+    plan_path = tiny_plan(model).save(tmp_path / "plan.json")
+    before = sorted(p.name for p in REPO_ROOT.iterdir())
+    monkeypatch.chdir(tmp_path / "model")           # nothing lands in the working folder either
+    assert cli.main(["convert", "--plan", str(plan_path), "--target", "onnx", "--out", str(tmp_path / "out"),
+                     "--model", str(tmp_path / "model"), "--context", "32", "--no-attention"]) == 0
+    assert sorted(p.name for p in REPO_ROOT.iterdir()) == before
+    assert (tmp_path / "out" / ".graph-cache").is_dir() and (tmp_path / "out" / "manifest.json").is_file()
+    assert not [p for p in (tmp_path / "model").iterdir() if p.name not in ("config.json", "model.safetensors",
+                                                                           "generation_config.json")]
