@@ -31,7 +31,7 @@ test-slow: setup
 	NPUMOE_NO_PROGRESS=1 $(BIN)/python -m pytest -q -m "slow" $(PYTEST_ARGS)
 
 demo: setup
-	$(BIN)/python -m npumoe_lab.experiments.demo --out results/demo
+	$(BIN)/npumoe-lab demo --out results/demo
 
 bench: setup
 	$(BIN)/python bench/moe_layer.py $(BENCH_ARGS)

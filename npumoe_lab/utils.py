@@ -130,6 +130,11 @@ def provenance() -> dict:
 
 def cache_dir() -> Path:
     """The workbench's cache (calibration profiles, host profiles, graphs): $NPUMOE_CACHE_DIR, else the older name
-    $NPUMOE_CACHE, else ~/.cache/npumoe-lab. One definition: the two caches used to read different variables."""
-    return Path(os.environ.get("NPUMOE_CACHE_DIR") or os.environ.get("NPUMOE_CACHE")
-                or Path.home() / ".cache" / "npumoe-lab")
+    $NPUMOE_CACHE, else this checkout's own .cache/npumoe-lab (git-ignored: a fresh clone starts cold, not with
+    another checkout's calibrations), else (an installed package, no checkout) ~/.cache/npumoe-lab."""
+    given = os.environ.get("NPUMOE_CACHE_DIR") or os.environ.get("NPUMOE_CACHE")
+    if given:
+        return Path(given)
+    if (REPO_ROOT / ".git").exists():
+        return REPO_ROOT / ".cache" / "npumoe-lab"
+    return Path.home() / ".cache" / "npumoe-lab"

@@ -16,6 +16,7 @@ from npumoe_lab.results.outdir import check_writable
 # command -> its module in npumoe_lab/cli/ (imported only for the command asked for, so `--help` stays fast)
 SUBCOMMANDS = {
     "train-tiny": "train_tiny",
+    "card": "card",
     "calibrate": "calibrate",
     "plan": "plan",
     "run": "run",
@@ -47,6 +48,7 @@ OUT_IS_FILE = {"plan", "routing-stats"}
 # one line per command for the top-level --help, which must not import torch/pandas (it answers in < 1 s)
 SUMMARIES = {
     "train-tiny": "train the bundled tiny MoE (time-budgeted, resumable)",
+    "card": "measure the bundled tiny model's card (card_metrics.json + README.md)",
     "calibrate": "count expert routing on a workload (calibration profile)",
     "plan": "build a static capacity/group/residency plan from a calibration profile",
     "run": "run variants on a workload and write result rows",

@@ -2,6 +2,7 @@
 measured drop rate of plans, with the modeled TTFT of the same plans (studies/accuracy_curve.py)."""
 from __future__ import annotations
 
+from npumoe_lab.cli.common import list_help, over_cells
 from npumoe_lab.errors import NpuMoeError
 
 
@@ -53,8 +54,12 @@ def _accuracy(args) -> int:
                         calib_workload=args.calib_workload, calib_tokens=args.calib_tokens,
                         draws=args.draws, ref_cache=not args.no_ref_cache, threads=args.threads)
     print("\n".join(verdict_lines(verdict(rows, samples), rows)))
-    if args.out:
-        print(f"wrote {args.out}/curve.csv, samples.csv, ACCURACY.md, accuracy_curve.png/.pdf")
+    if args.out:     # the curve's rows also as result rows: load_results(DIR) reads them like every command's
+        from npumoe_lab.cli.output import writes  # lazy: with the rest of the command
+        from npumoe_lab.results.store import write_rows  # lazy: pandas
+        with writes(args.out, "curve.csv is written and the verdict printed above"):
+            write_rows(rows.assign(repeat=0), args.out)
+        print(f"wrote {args.out}/curve.csv, samples.csv, rows-*.parquet, ACCURACY.md, accuracy_curve.png/.pdf")
     return 0
 
 
@@ -63,10 +68,11 @@ def register_cli(sub) -> None:
                                         "the modeled TTFT of the same plans")
     p.add_argument("--model", default="tiny", help="model name or path (default tiny)")
     p.add_argument("--workload", default=None,
-                   help="tasks, comma separated (default ruler-multikey,ruler-vt,fewshot-cls,lm-next, each at its "
+                   help="tasks: one or a comma list, all in one curve (default ruler-multikey,ruler-vt,fewshot-cls,lm-next, each at its "
                         "calibrated difficulty; 0/1-scored tasks only)")
-    p.add_argument("--prompt-len", type=int, default=None,
-                   help="prompt tokens for every task (default: each task's calibrated setting)")
+    p.add_argument("--prompt-len", default=None,
+                   help="prompt tokens for every task: one value or a comma list, one cell of rows per combination "
+                        "(default: each task's calibrated setting)")
     p.add_argument("--difficulty", action="append", metavar="TASK:KEY=VALUE",
                    help="override a task's difficulty option, e.g. ruler-multikey:n_needles=16 (repeatable)")
     p.add_argument("--percentiles", default=None,
@@ -75,9 +81,11 @@ def register_cli(sub) -> None:
                    help="saliency rules (default weight_x_norm,random; random = the control)")
     p.add_argument("--n", type=int, default=None, help="samples per task (default 300)")
     p.add_argument("--out", help="folder for curve.csv, samples.csv, ACCURACY.md, accuracy_curve.png/.pdf")
-    p.add_argument("--platform", default="m2-max", help="platform the plans are built for and TTFT modeled on")
-    p.add_argument("--variant", default="npumoe-tg", help="plan variant (default npumoe-tg: every group resident)")
-    p.add_argument("--chunk", type=int, default=256, help="prefill chunk in tokens (default 256)")
+    p.add_argument("--platform", "--platforms", dest="platform", default="m2-max",
+                   help=list_help("platform(s) the plans are built for and TTFT modeled on", "m2-max"))
+    p.add_argument("--variant", "--variants", dest="variant", default="npumoe-tg",
+                   help=list_help("plan variant(s)", "npumoe-tg: every group resident"))
+    p.add_argument("--chunk", default="256", help=list_help("prefill chunk in tokens", 256))
     p.add_argument("--seed", type=int, default=0, help="seed of the samples and the random saliency (default 0)")
     p.add_argument("--calib-workload", default="mixed", help="calibration text (default mixed)")
     p.add_argument("--calib-tokens", type=int, default=8192, help="calibration tokens (default 8192)")
@@ -88,4 +96,5 @@ def register_cli(sub) -> None:
                    help="recompute every reference forward instead of reading the on-disk cache "
                         "(cache_dir()/accuracy-refs, keyed by weights, dtype, task, difficulty, seed, chunk)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    p.set_defaults(func=_accuracy)
+    p.set_defaults(func=lambda a: over_cells(_accuracy, a, {"prompt_len": "--prompt-len", "chunk": "--chunk",
+                                                          "platform": "--platforms", "variant": "--variants"}))

@@ -7,7 +7,10 @@ TARGETS = ("coreml", "onnx")       # = graphs.build.TARGETS (not imported: torch
 
 
 def _convert(args) -> int:
+    import os
     from npumoe_lab.graphs.convert import convert      # lazy: torch and coremltools/onnx load only when run
+    if args.cache is None and not os.environ.get("NPUMOE_GRAPH_CACHE"):
+        args.cache = str(Path(args.out) / ".graph-cache")    # convert writes only under --out unless told otherwise
     manifest = convert(args.plan, args.out, target=args.target, model=args.model, platform=args.platform,
                        layout=args.layout, compress=args.compress, compute_units=args.compute_units,
                        all_tiers=args.all_tiers, attention=not args.no_attention, context=args.context,
@@ -36,5 +39,5 @@ def register_cli(subparsers) -> None:
     p.add_argument("--all-tiers", action="store_true", help="add the layer's smaller tiers as functions of each group")
     p.add_argument("--no-attention", action="store_true", help="only the expert group graphs")
     p.add_argument("--context", type=int, default=2048, help="KV cache length of the attention graphs")
-    p.add_argument("--cache", default=None, help="artifact cache dir (default $NPUMOE_GRAPH_CACHE or .graph-cache)")
+    p.add_argument("--cache", default=None, help="artifact cache dir, shared by runs that name it (default $NPUMOE_GRAPH_CACHE, else OUT/.graph-cache)")
     p.set_defaults(func=_convert)

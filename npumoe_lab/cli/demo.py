@@ -1,12 +1,9 @@
-"""`npumoe-lab demo` (and `python -m npumoe_lab.experiments.demo`, `make demo`): calibrate, plan, the demo sweep, every
+"""`npumoe-lab demo` (`make demo`): calibrate, plan, the demo sweep, every
 figure and SUMMARY.md in one folder."""
 from __future__ import annotations
 
 import argparse
-import sys
 
-from npumoe_lab.errors import NpuMoeError
-from npumoe_lab.results.outdir import check_writable
 from npumoe_lab.utils import REPO_ROOT
 
 DEMO_SWEEP = REPO_ROOT / "sweeps" / "demo.yaml"      # = experiments.demo.DEMO_SWEEP
@@ -28,17 +25,3 @@ def register_cli(sub) -> None:
     p = sub.add_parser("demo", help="the demo: calibrate, plan, sweep, figures and SUMMARY.md in one folder")
     add_args(p)
     p.set_defaults(func=_demo)
-
-
-def main(argv=None) -> int:
-    """`python -m npumoe_lab.experiments.demo`: the same options without the `npumoe-lab` front."""
-    ap = argparse.ArgumentParser(prog="python -m npumoe_lab.experiments.demo",
-                                 description="calibrate, plan, sweep, figures and SUMMARY.md in one folder")
-    add_args(ap)
-    a = ap.parse_args(argv)
-    try:
-        check_writable(a.out)
-        return _demo(a)
-    except NpuMoeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2

@@ -25,7 +25,7 @@ def _cli(a) -> int:
     # lazy: numpy, emcee and the platform files load only when the command runs (`--help` stays fast)
     from pathlib import Path
     from npumoe_lab.devices.cpu_fit import fit_cli
-    from npumoe_lab.devices.fit import fit_platform, write_fit
+    from npumoe_lab.devices.fit import fit_platform
     from npumoe_lab.devices.measurements import load_measurements
     from npumoe_lab.devices.platform import resolve_platform
     if a.steps < 30:
@@ -37,7 +37,7 @@ def _cli(a) -> int:
             raise NpuMoeError(f"--pool needs two or more platforms in --platform (a comma list), got {a.platform!r}")
         results = fit_pool(plats, load_measurements(a.measurements), steps=a.steps, walkers=a.walkers, seed=a.seed)
         for plat, res in zip(plats, results):
-            _say(plat, res, write_fit(plat, res, Path(a.out)))
+            _say(plat, res, Path(a.out))
         return 0
     platform = resolve_platform(a.platform)
     if platform.kind == "measured":     # this host: its op-level model is fitted on `measure` rows (cpu_fit.py)
@@ -45,12 +45,13 @@ def _cli(a) -> int:
         a.primary_dtype = dtype_name(resolve_dtype("auto"))     # host_model and the roofline: this CPU's fast dtype
         return fit_cli(a)
     res = fit_platform(platform, load_measurements(a.measurements), steps=a.steps, walkers=a.walkers, seed=a.seed)
-    _say(platform, res, write_fit(platform, res, Path(a.out)))
+    _say(platform, res, Path(a.out))
     return 0
 
 
-def _say(platform, res, path) -> None:
-    """One fitted platform's summary: errors on its fit rows, sampler health, transfer sigma, values and flags."""
+def _say(platform, res, out) -> None:
+    """One fitted platform's summary (errors on its fit rows, sampler health, transfer sigma, values and flags),
+    printed before its fit file is written to `out`."""
     import numpy as np      # lazy: see _cli
     from npumoe_lab.devices.fit import parameter_flags      # lazy: see _cli
     err = np.abs(np.expm1(res.point_residuals))
@@ -66,5 +67,16 @@ def _say(platform, res, path) -> None:
           "\n".join(f"  {n} = {v:.4g}  (90 % {np.percentile(res.draws[:, i], 5):.3g}-"
                     f"{np.percentile(res.draws[:, i], 95):.3g})" for i, (n, v) in enumerate(zip(res.names,
                                                                                                res.point))) +
-          "".join(f"\n  FLAGGED {n}: {', '.join(fl)}" for n, fl in parameter_flags(platform, res).items()) +
-          f"\nwritten {path}")
+          "".join(f"\n  FLAGGED {n}: {', '.join(fl)}" for n, fl in parameter_flags(platform, res).items()),
+          flush=True)
+    from npumoe_lab.devices.fit import fit_file      # lazy: see _cli
+    name, text = fit_file(platform, res)
+    print(f"written {_write(out / name, text)}")
+
+
+def _write(path, text: str):
+    """The fit file, after its table is printed: a full disk names it, leaves nothing behind, exits 2."""
+    from npumoe_lab.cli.output import writes  # lazy: the command loads only what it runs
+    from npumoe_lab.results.atomic import write_text  # lazy: the command loads only what it runs
+    with writes(path.parent, "the fitted values are printed above"):
+        return write_text(path, text)

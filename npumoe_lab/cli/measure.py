@@ -17,6 +17,12 @@ def register_cli(sub):
 
 
 def _cli(a) -> int:
+    import sys
+    if a.device == "coreml" and sys.platform != "darwin":    # refused before torch or Core ML import (seconds)
+        from npumoe_lab.errors import NpuMoeError  # lazy: as light as the check
+        raise NpuMoeError(f"measure --device coreml needs macOS with Core ML (this is {sys.platform}); here use "
+                          "--device cpu or --device onnxruntime, or build the packages (`npumoe-lab convert "
+                          "--target coreml`) and measure them on a Mac (docs/BACKENDS.md)")
     # lazy: torch and the benchmark grid load only when the command runs (`--help` stays fast)
     from npumoe_lab.experiments.measure import check_args, measure_device, write_measurements
     from npumoe_lab.utils import with_torch_threads

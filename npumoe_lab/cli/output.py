@@ -42,7 +42,7 @@ def writes(out, computed: str = "what was computed is printed above"):
                 shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
             except OSError:
                 pass
-        raise NpuMoeError(f"could not write {out} ({exc.strerror or exc}); nothing half-written is left and "
+        raise NpuMoeError(f"could not write {exc.filename or out} ({exc.strerror or exc}); nothing half-written is left and "
                           f"{computed}; free some space or choose another --out") from None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from npumoe_lab.cli.common import list_help, over_cells, terminal_text
 from npumoe_lab.cli.output import save_png, writes
 
 
@@ -20,7 +21,7 @@ def _morris(a) -> int:
     text = (f"# Global sensitivity of the modeled conclusions: {a.geometry}, prompt {a.prompt_len}, chunk {a.chunk}, "
             f"routing {a.routing}; platforms {', '.join(specs)} (every number modeled; SALib Morris, "
             f"{a.trajectories} trajectories)\n\n" + global_report(effects, probs) + "\n")
-    print(text, flush=True)                  # first: a full disk cannot lose the report
+    print(terminal_text(text), flush=True)    # first: a full disk cannot lose the report (the file keeps it whole)
     with writes(out, "the report is printed above"):
         out.mkdir(parents=True, exist_ok=True)
         effects.assign(timing_source="modeled").to_csv(out / "sensitivity_effects.csv", index=False)
@@ -68,7 +69,7 @@ def _sensitivity(a) -> int:
     out = Path(a.out)
     text = (f"# Sensitivity of the modeled conclusions: {a.geometry} on {a.platform}, prompt {a.prompt_len}, chunk "
             f"{a.chunk}, routing {a.routing} (every number modeled)\n\n" + report(res) + "\n")
-    print(text, flush=True)                  # first: a full disk cannot lose the report
+    print(terminal_text(text), flush=True)    # first: a full disk cannot lose the report (the file keeps it whole)
     with writes(out, "the report is printed above"):
         write_rows(res.rename(columns={"geometry": "model"}).assign(workload=a.routing.split(":")[0],
                                                                      variant="npumoe", repeat=0), out, "sensitivity")
@@ -97,12 +98,12 @@ def register_cli(sub) -> None:
     p.add_argument("--sobol-n", type=int, default=128, help="sobol: Saltelli base sample N (a power of two)")
     p.add_argument("--trajectories", type=int, default=4, help="Morris trajectories (points = r x (factors + 1))")
     p.add_argument("--routing", default="synthetic:gini=0.6", help="routing source, as in `npumoe-lab simulate`")
-    p.add_argument("--prompt-len", type=int, default=1024, help="prompt tokens (default 1024)")
-    p.add_argument("--chunk", type=int, default=512, help="prefill chunk in tokens (default 512)")
+    p.add_argument("--prompt-len", default="1024", help=list_help("prompt tokens", 1024))
+    p.add_argument("--chunk", default="512", help=list_help("prefill chunk in tokens", 512))
     p.add_argument("--weights", default="fp16", choices=("fp16", "int8"), help="NPU weight storage (default fp16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled routing (default 0)")
     p.add_argument("--draws", type=int, default=200,
                    help="oat: parameter draws for the probability each conclusion holds (the platform's posterior, else a prior from its sourced alternatives; 0: none; "
                         "default 200)")
     p.add_argument("--out", default="results/sensitivity", help="folder (default results/sensitivity)")
-    p.set_defaults(func=_sensitivity)
+    p.set_defaults(func=lambda a: over_cells(_sensitivity, a, {"prompt_len": "--prompt-len", "chunk": "--chunk"}))

@@ -16,6 +16,29 @@ def bundled_geometries() -> list[str]:
     return sorted(p.stem for p in (REPO_ROOT / "data" / "geometries").glob("*.json"))
 
 
+LONG_TABLE_ROWS = 20     # more rows than this: one line per cell, variants side by side (every row is in --out)
+
+
+def _s(v) -> str:
+    return "-" if v != v else f"{v:.3g}"
+
+
+def summary_table(df) -> str:
+    """The rows as a table with their 90 % intervals (ttft_s_lo/hi over parameter draws); a big grid as one line
+    per (model, platform, prompt_len, chunk) with each variant's "TTFT s [lo-hi]" side by side."""
+    has_iv = {"ttft_s_lo", "ttft_s_hi"} <= set(df.columns)
+    if len(df) <= LONG_TABLE_ROWS:
+        cols = ["model", "platform", "prompt_len", "chunk", "variant", "ttft_s", *(["ttft_s_lo", "ttft_s_hi"]
+                if has_iv else []), "energy_per_token_mj", "cpu_cycles", "n_npu_calls", "drop_rate", "pad_rate"]
+        return df[[c for c in cols if c in df.columns]].to_string(index=False)
+    cell = df.apply(lambda r: _s(r.ttft_s) + (f" [{_s(r.ttft_s_lo)}-{_s(r.ttft_s_hi)}]" if has_iv else ""),
+                    axis=1)
+    wide = df.assign(cell=cell).pivot_table(index=["model", "platform", "prompt_len", "chunk"], columns="variant",
+                                            values="cell", aggfunc="first", sort=False)
+    return (f"TTFT s{' [90 % interval over parameter draws]' if has_iv else ''} (modeled), {len(df)} rows "
+            f"(every column in the rows under --out):\n" + wide.reset_index().to_string(index=False))
+
+
 def _simulate(a) -> int:
     # lazy: torch, pandas and the engine load only when the command runs (`--help` stays fast)
     import pandas as pd
@@ -26,10 +49,8 @@ def _simulate(a) -> int:
     df, timelines = simulate_with_timelines(a.geometry, a.routing, a.platforms, a.variants, a.prompt_len, a.chunk,
                                             a.weights, a.seed, a.timeline, draws=a.draws,
                                             engine=a.engine, **knobs)
-    cols = ["model", "platform", "prompt_len", "chunk", "variant", "ttft_s", "energy_per_token_mj", "cpu_cycles",
-            "n_npu_calls", "drop_rate", "pad_rate"]
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 400):
-        print(df[cols].to_string(index=False))
+        print(summary_table(df))
         sp = ratios(df, "ttft_s")
         if not sp.empty:
             print("\nnpumoe TTFT speedup (baseline / npumoe, modeled):\n"

@@ -1,4 +1,4 @@
-"""`npumoe-lab train-tiny` (and `python -m npumoe_lab.train.trainer`): the training recipe of the bundled model."""
+"""`npumoe-lab train-tiny`: the training recipe of the bundled model."""
 from __future__ import annotations
 
 import argparse
@@ -36,6 +36,7 @@ def add_args(p: argparse.ArgumentParser):
 
 
 def _train(args) -> int:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # no spinning OpenMP threads on a shared CPU
     from npumoe_lab.train.trainer import train     # lazy: torch loads only when the command runs, not at --help
     return train(args)
 
@@ -44,11 +45,3 @@ def register_cli(subparsers) -> None:
     p = subparsers.add_parser("train-tiny", help="train the bundled tiny MoE (time-budgeted, resumable)")
     add_args(p)
     p.set_defaults(func=_train)
-
-
-def main(argv=None) -> int:
-    """`python -m npumoe_lab.train.trainer`: the same options without the `npumoe-lab` front."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # no spinning OpenMP threads on a shared CPU
-    p = argparse.ArgumentParser(prog="python -m npumoe_lab.train.trainer", description=__doc__)
-    add_args(p)
-    return _train(p.parse_args(argv))

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from contextlib import nullcontext
 
+from npumoe_lab.cli.common import list_help, over_cells
 from npumoe_lab.cli.output import writes
 from npumoe_lab.errors import NpuMoeError
 
@@ -62,10 +63,11 @@ def register_cli(sub) -> None:
     b = p.add_mutually_exclusive_group(required=True)
     b.add_argument("--budget-drop", type=float, help="largest drop rate (share of routed assignments, e.g. 0.05)")
     b.add_argument("--budget-ttft-ms", type=float, help="largest modeled TTFT in ms")
-    p.add_argument("--platform", default="m2-max", help="the modeled platform TTFT and energy are priced on")
+    p.add_argument("--platform", "--platforms", dest="platform", default="m2-max",
+                   help=list_help("the modeled platform(s) TTFT and energy are priced on", "m2-max"))
     p.add_argument("--out", help="directory for plan.json, front.csv/png, candidates.csv, tune.json")
-    p.add_argument("--chunk", type=int, default=128, help="prefill chunk in tokens (default 128)")
-    p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens scored (default 512)")
+    p.add_argument("--chunk", default="128", help=list_help("prefill chunk in tokens", 128))
+    p.add_argument("--prompt-len", default="512", help=list_help("prompt tokens scored", 512))
     p.add_argument("--calib-workload", default="mixed", help="calibration text: a workload, a domain or 'mixed'")
     p.add_argument("--calib-tokens", type=int, default=4096, help="calibration tokens (default 4096)")
     p.add_argument("--profile", help="a calibration profile directory of this model (default: calibrate, cached)")
@@ -74,4 +76,5 @@ def register_cli(sub) -> None:
     p.add_argument("--candidates", type=int, default=40, help="random candidates besides the defaults")
     p.add_argument("--confirm", type=int, default=2, help="top candidates confirmed with real numerics")
     p.add_argument("--seed", type=int, default=0, help="seed of the random candidates (default 0)")
-    p.set_defaults(func=_tune)
+    p.set_defaults(func=lambda a: over_cells(_tune, a, {"prompt_len": "--prompt-len", "chunk": "--chunk",
+                                                      "platform": "--platforms"}))

@@ -15,11 +15,27 @@ def _register_device(sub) -> None:
 
 def _validate_device(a) -> int:
     # lazy: pandas and matplotlib load only when the command runs (`--help` stays fast)
-    from pathlib import Path
-    from npumoe_lab.devices.validate import validate_device
-    _, text = validate_device(a.platform, a.measurements, Path(a.out), a.seed)
-    print(text + f"\nwritten to {a.out} (validation.csv, VALIDATION.md, validation.png)")
+    from npumoe_lab.devices.platform import resolve_platform
+    from npumoe_lab.devices.validate import figure, validate_device
+    res, text = validate_device(a.platform, a.measurements, None, a.seed)
+    print(text, flush=True)
+    _write(a.out, res, text, figure=lambda: figure(res, resolve_platform(a.platform)))
+    print(f"written to {a.out} (validation.csv, VALIDATION.md, validation.png)")
     return 0
+
+
+def _write(out, res, text, figure=None) -> None:
+    """validation.csv, VALIDATION.md (and the figure) after the table is printed, each atomically: a full disk
+    names the file, leaves nothing behind (no 0-byte csv, no empty folder) and exits 2."""
+    from pathlib import Path
+    from npumoe_lab.cli.output import save_png, writes  # lazy: the command loads only what it runs
+    from npumoe_lab.results.atomic import write_text  # lazy: the command loads only what it runs
+    out = Path(out)
+    with writes(out, "the table is printed above"):
+        write_text(out / "validation.csv", res.to_csv(index=False))
+        write_text(out / "VALIDATION.md", text)
+        if figure is not None:
+            save_png(figure(), out / "validation.png")
 
 
 def register_cli(sub):
@@ -41,7 +57,9 @@ def _cli(a) -> int:
         print(report(df, a.platform, a.runs) + f"\nwritten {path} and runs_validation.csv")
         return 0
     if is_host_fit(a.platform):      # a fitted host model prices op-level host rows
-        _, text = validate_host_rows(a.platform, a.measurements, a.out)
-        print(text + f"\nwritten to {a.out} (validation.csv, VALIDATION.md)")
+        res, text = validate_host_rows(a.platform, a.measurements)
+        print(text, flush=True)
+        _write(a.out, res, text)
+        print(f"written to {a.out} (validation.csv, VALIDATION.md)")
         return 0
     return _validate_device(a)

@@ -178,14 +178,15 @@ def scatter(expert_out: torch.Tensor, dispatch: Dispatch, work: torch.Tensor | N
     promoted dtype of outputs and weights (like HF). `work`: optional reusable [S, H] gather buffer.
 
     One gather of the S = T*K assignment rows (in each token's ascending expert-id order for reduced precision),
-    then fp32/fp64: one batched [1, K] x [K, H] product per token (fp32 accumulation, one rounding);
-    bf16/fp16: HF eager's own accumulation (see _accumulate_like_hf_eager)."""
+    then HF eager's own accumulation in every dtype (see _accumulate_like_hf_eager). A batched [1, K] x [K, H]
+    product is not the same sum: whether the BLAS fuses multiply and add (one rounding) depends on the CPU, so
+    fp32 logits differed from HF's by ~2e-7 on some CPUs and by 0.1 where that flipped a later routing decision."""
     R, H = expert_out.shape
     T, K = dispatch.n_tokens, dispatch.top_k
     dtype = torch.promote_types(expert_out.dtype, dispatch.weight.dtype)
     if R == 0 or T == 0:                     # nothing was packed: every assignment was dropped
         return expert_out.new_zeros(T, H, dtype=dtype)
-    hf_order = expert_out.dtype not in (torch.float32, torch.float64) and dispatch.k_order is not None
+    hf_order = dispatch.k_order is not None
     slot, weight = dispatch.slot.view(T, K), dispatch.weight.view(T, K)
     if hf_order:      # order the small [T, K] indices, not the [T, K, H] rows; k-major: contiguous [T, H] slabs
         slot, weight = slot.gather(1, dispatch.k_order).t(), weight.gather(1, dispatch.k_order).t()
@@ -200,10 +201,10 @@ def scatter(expert_out: torch.Tensor, dispatch: Dispatch, work: torch.Tensor | N
 
 
 def _accumulate_like_hf_eager(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Reduced precision (bf16/fp16), rows [K, T, H] already in each token's ascending expert-id order: multiply
-    by the weights (one rounding to the activation dtype per product), then add the K rows one by one rounding
-    after each add - exactly what HF's eager experts do (index_add_ per expert into a bf16 buffer). One fp32 sum
-    is more accurate but differs by a rounding that can flip later routing decisions; tests/test_models_parity.py
+    """Rows [K, T, H] already in each token's ascending expert-id order: multiply by the weights (one rounding to
+    the activation dtype per product), then add the K rows one by one rounding after each add - exactly what HF's
+    eager experts do (index_add_ per expert into the activation-dtype buffer). One wider or fused sum is more
+    accurate but differs by a rounding that can flip later routing decisions; tests/test_models_parity.py
     holds every family to HF's bf16 logits with top-k 2 and 4. K whole-tensor adds, no per-expert loop."""
     if _no_autograd(rows, w):
         p = torch.mul(rows, w.unsqueeze(-1), out=rows)          # in place: no [K, T, H] temporary

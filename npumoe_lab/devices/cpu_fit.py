@@ -220,12 +220,18 @@ def write_fit(fits: dict, out_dir, measurements: str, primary: str | None = None
                host_models={d: _model_section(r, _source(r, measurements, stamp)) for d, r in fits.items()},
                host_fit=_fit_summary(res, measurements, stamp),
                host_fits={d: _fit_summary(r, measurements, stamp) for d, r in fits.items()})
+    text = ("# FITTED host model (devices/cpu_fit.py); every number in host_model is fitted on measured rows\n"
+            + yaml.safe_dump(out, sort_keys=False))
     path = Path(out_dir) / FIT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("# FITTED host model (devices/cpu_fit.py); every number in host_model is fitted on measured rows\n"
-                   + yaml.safe_dump(out, sort_keys=False))
-    tmp.replace(path)              # atomic: a reader never sees half a fit
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)              # atomic: a reader never sees half a fit
+    except OSError as e:               # a full disk: nothing half-written left behind, the file named
+        tmp.unlink(missing_ok=True)
+        raise NpuMoeError(f"could not write {path}: {e.strerror or e}; the fitted values are printed above; free "
+                          "space or give another --out") from None
     return path
 
 
@@ -308,7 +314,6 @@ def fit_cli(a) -> int:
     threads = measured_threads(a.measurements)
     for res in fits.values():
         res["threads"] = threads
-    path = write_fit(fits, a.out, str(a.measurements), primary=getattr(a, "primary_dtype", None))
     for d, res in fits.items():
         print(f"{d}: fitted {len(res['free'])} parameters of the cpu host model on {len(res['rows_used'])} fit rows "
               f"of {res['chip']} ({res['n_busy_skipped']} host_busy rows skipped, {res['n_busy_used']} used): median "
@@ -317,6 +322,7 @@ def fit_cli(a) -> int:
               f"{res['cv']['n_prefills']} held-out prefills (median |error| {res['cv']['median_abs_err']:.1%})\n" +
               "\n".join(f"  {k} = {res['params'][k]:.4g}  (90 % {res['intervals'][k][0]:.3g}-"
                         f"{res['intervals'][k][1]:.3g})" for k in res["free"]))
+    path = write_fit(fits, a.out, str(a.measurements), primary=getattr(a, "primary_dtype", None))
     chip = next(iter(fits.values()))["chip"]
     reg = register_host_fit(path, chip) if chip == host_chip() else None
     print(f"written {path}" + (f"; registered for this host as {reg} (--platform cpu prices plans with it)" if reg
@@ -336,7 +342,7 @@ def is_host_fit(path) -> bool:
     return isinstance(raw, dict) and "host_model" in raw
 
 
-def validate_host_rows(platform_path, measurements, out) -> tuple:
+def validate_host_rows(platform_path, measurements, out=None) -> tuple:
     """validate-device of a host fit on measurement rows: validation.csv (role, kind, chip, measured_s,
     predicted_s, ratio) and VALIDATION.md (median and worst |ratio - 1| per role and kind; host_busy rows apart)."""
     rows = host_rows(load_measurements(measurements), str(measurements))
@@ -360,6 +366,8 @@ def validate_host_rows(platform_path, measurements, out) -> tuple:
     lines += ["", f"All counted rows: {len(quiet)}, median {e.median():.1%}, worst {e.max():.1%}; "
               f"host_busy rows excluded: {int(res['host_busy'].sum())}."]
     text = "\n".join(lines) + "\n"
+    if out is None:                # the CLI prints the table, then writes
+        return res, text
     outp = Path(out)
     outp.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(res).to_csv(outp / "validation.csv", index=False)

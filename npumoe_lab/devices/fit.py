@@ -347,15 +347,22 @@ def fitted_yaml(platform, res: FitResult, today: str) -> dict:
     return doc
 
 
-def write_fit(platform, res: FitResult, out: Path) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{platform.name}-fit.yaml"
+def fit_file(platform, res: FitResult) -> tuple[str, str]:
+    """(file name, YAML text) of a fit: what `write_fit` writes (the CLI prints its table before writing)."""
     doc = fitted_yaml(platform, res, dt.date.today().isoformat())
     text = yaml.safe_dump(doc, sort_keys=False, width=120, default_flow_style=None)
-    path.write_text(f"# Written by `npumoe-lab fit-device --platform {platform.source}` ({len(res.rows.ids)} fit "
-                    f"rows). Fitted values are marked in their source.\n" + text)
-    return path
+    return f"{platform.name}-fit.yaml", (f"# Written by `npumoe-lab fit-device --platform {platform.source}` "
+                                          f"({len(res.rows.ids)} fit rows). Fitted values are marked in their "
+                                          f"source.\n" + text)
 
 
-__all__ = ["fit_platform", "fit_rows", "write_fit", "fitted_yaml", "RowSet", "FitResult", "parameter_flags",
+def write_fit(platform, res: FitResult, out: Path) -> Path:
+    name, text = fit_file(platform, res)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(text)
+    return out / name
+
+
+__all__ = ["fit_platform", "fit_rows", "write_fit", "fit_file", "fitted_yaml", "RowSet", "FitResult", "parameter_flags",
            "SIGMA_BOUNDS"]

@@ -116,6 +116,24 @@ class HostLoad:
                     host_busy=bool(reasons), host_busy_reason="; ".join(reasons))
 
 
+def others_cores(window_s: float = 0.5) -> tuple[float, int]:
+    """(cores other processes used over the next `window_s`, this host's logical CPUs): a probe before a measured
+    run, the same counters as `HostLoad` (own CPU time subtracted, steal apart)."""
+    import time
+    load = HostLoad()
+    with load.measuring():
+        time.sleep(window_s)
+    return load.other_cpu_s / max(load.wall_s, 1e-9), load.n_cpus
+
+
+def uncontended_threads(others: float, n_cpus: int, wanted: int) -> int:
+    """Threads that do not oversubscribe the cores others use: `wanted` minus the cores others hold (rounded up
+    past OTHER_CORES_LIMIT of a core), at least 1."""
+    import math
+    held = math.ceil(others - OTHER_CORES_LIMIT) if others > OTHER_CORES_LIMIT else 0
+    return max(1, min(wanted, n_cpus - held))
+
+
 def warn_if_busy(rows) -> bool:
     """One warning for a whole run naming the busy configurations; True when it warned."""
     busy = [r for r in rows if r.get("host_busy")]
@@ -124,5 +142,6 @@ def warn_if_busy(rows) -> bool:
     cells = sorted({f"{r['variant']}@{r['platform']}: {r['host_busy_reason']}" for r in busy})
     shown = "; ".join(cells[:4]) + (f"; ... ({len(cells) - 4} more)" if len(cells) > 4 else "")
     warnings.warn(f"measured timings taken on a busy host ({shown}); rows are flagged host_busy=True. Re-run on a "
-                  "quiet machine or with more --repeats before trusting them.", HostBusyWarning, stacklevel=4)
+                  "quiet machine, with --threads 1 (fewer threads than the cores others use: torch's threads "
+                  "otherwise wait on each other), or with more --repeats before trusting them.", HostBusyWarning, stacklevel=4)
     return True

@@ -198,7 +198,7 @@ def figure(res: pd.DataFrame, platform):
     return fig
 
 
-def validate_device(spec, measurements, out: Path, seed: int = 0) -> tuple[pd.DataFrame, str]:
+def validate_device(spec, measurements, out: Path | None = None, seed: int = 0) -> tuple[pd.DataFrame, str]:
     platform = resolve_platform(spec)
     df = load_measurements(measurements)
     mine = df[df.chip == platform.chip]
@@ -208,6 +208,9 @@ def validate_device(spec, measurements, out: Path, seed: int = 0) -> tuple[pd.Da
                           f"{measurements}; rows exist for {chips}")
     res = predict(platform, mine, seed)
     text = summary(res, platform, len(df) - len(mine), str(measurements))
+    if out is None:          # the CLI prints the table first, then writes (validation_figure draws the figure)
+        return res, text
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     res.to_csv(out / "validation.csv", index=False)
     (out / "VALIDATION.md").write_text(text)

@@ -362,8 +362,3 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1, accuracy: dict | None = No
         raise NpuMoeError(f"{len(report.failed)} sweep cell(s) failed (the summary covers the others); see "
                           f"{out / 'sweep' / 'cells'}/<cell>/executed.ipynb and re-run to retry them")
     return path
-
-
-if __name__ == "__main__":     # the script's options live with the commands' (npumoe_lab/cli/demo.py)
-    import importlib
-    sys.exit(importlib.import_module("npumoe_lab.cli.demo").main())

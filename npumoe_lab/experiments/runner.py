@@ -118,8 +118,10 @@ class _Run:
         vlist = parse_variants(variants)
         plats = [as_platform(p.strip() if isinstance(p, str) else p)
                  for p in (platforms.split(",") if isinstance(platforms, str) else platforms)]
-        if (repeats is not None and repeats < 1) or n_samples < 1:
-            raise NpuMoeError(f"repeats and n_samples must be >= 1; got {repeats} and {n_samples}")
+        if repeats is not None and repeats < 1:
+            raise NpuMoeError(f"repeats (--repeats) must be >= 1; got {repeats}")
+        if n_samples < 1:
+            raise NpuMoeError(f"n_samples (--n-samples) must be >= 1; got {n_samples}")
         check_chunk(chunk)
         check_lengths(prompt_len, chunk)
         if isinstance(model, tuple):

@@ -41,13 +41,21 @@ def atomic_open(path, mode: str = "wb"):
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and (exc.filename is None or str(exc.filename) == tmp):
+            exc.filename = str(path)      # the file the user asked for, not the hidden temp (fsync names none)
         raise
     _fsync_dir(path.parent)
+
+
+def write_text(path, text: str) -> Path:
+    with atomic_open(path, "w") as fh:
+        fh.write(text)
+    return Path(path)
 
 
 def write_json(path, obj) -> Path:

@@ -160,8 +160,3 @@ def write_card(model_dir=MODEL_DIR, n: int = 24, lens: str = "1024,2048", thread
     metrics_path.write_text(json.dumps(metrics, indent=1))
     write_readme(d, metrics)
     return metrics
-
-
-if __name__ == "__main__":     # the script's options live with the commands' (npumoe_lab/cli/card.py)
-    import importlib
-    raise SystemExit(importlib.import_module("npumoe_lab.cli.card").main())

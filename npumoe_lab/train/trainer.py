@@ -353,8 +353,3 @@ def train(args) -> int:
         export(model, tok, Path(args.export), run, meta)
         print(f"exported to {args.export}", flush=True)
     return 0
-
-
-if __name__ == "__main__":     # the script's options live with the commands' (npumoe_lab/cli/train_tiny.py)
-    import importlib
-    raise SystemExit(importlib.import_module("npumoe_lab.cli.train_tiny").main())

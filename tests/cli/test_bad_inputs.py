@@ -110,3 +110,18 @@ def test_workbench_warnings_print_as_one_line_without_the_source_line():
     lines = err.splitlines()
     assert lines[0] == "HostBusyWarning: measured timings taken on a busy host"
     assert "UserWarning: an ordinary warning" in lines[1] and len(lines) == 2   # others unchanged (file:line)
+
+
+@pytest.mark.parametrize("argv, named, table", [
+    (["fit-device", "--platform", "m2-max", "--steps", "30"], "m2-max-fit.yaml", "fitted "),
+    (["validate-device", "--platform", "m2-max"], "validation.csv", "| validate |")])
+def test_full_disk_keeps_the_fit_and_validation_tables_and_names_the_file(argv, named, table, tmp_path, monkeypatch,
+                                                                         capsys):
+    _full_disk(monkeypatch)
+    out = tmp_path / "a" / "fit"
+    rc = cli.main([*argv, "--out", str(out)])
+    captured = capsys.readouterr()
+    err = [line for line in captured.err.splitlines() if line.strip() and "it/s" not in line]
+    assert rc == 2 and len(err) == 1 and "No space left on device" in err[0] and named in err[0], err
+    assert table in captured.out                       # the table came first
+    assert not (tmp_path / "a").exists()               # no partial file, no temp file, no empty folder

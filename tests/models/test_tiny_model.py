@@ -16,8 +16,8 @@ TEXT = ROOT / "data" / "text"
 DOMAINS = ("scripture", "drama", "pydocs", "code")
 
 pytestmark = pytest.mark.skipif(not (MODEL / "model.safetensors").exists() or not (MODEL / "card_metrics.json").exists(),
-                                reason="bundled model not trained/carded yet: run `python -m npumoe_lab.train.trainer` "
-                                       "then `python -m npumoe_lab.train.card` (see data/models/npumoe-tiny/README.md)")
+                                reason="bundled model not trained/carded yet: run `npumoe-lab train-tiny` "
+                                       "then `npumoe-lab card` (see data/models/npumoe-tiny/README.md)")
 
 
 @pytest.fixture(scope="module")
