@@ -260,7 +260,8 @@ def accuracy_section(out: Path, proc, options: dict, recorded: Path = RECORDED_A
     return text
 
 
-def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1, accuracy: dict | None = None) -> Path:
+def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1, accuracy: dict | None = None, fresh: bool = False) -> Path:
+    """`fresh`: re-measure every measured cell of the sweep (run_sweep(fresh=True)) instead of resuming."""
     import yaml
 
     t0 = time.time()
@@ -277,8 +278,8 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1, accuracy: dict | None = No
     model_name = p.get("model", "tiny")
     # the sweep's kernel starts now and imports + loads the cells' model while this process imports, loads and
     # calibrates (nothing is timed before the sweep); workers > 1 start their own kernels
-    warming = prewarm(sweep, out / "sweep", WARM_UP.format(model=model_name, dtype=p.get("dtype", "auto"))) \
-        if workers == 1 else None
+    warming = prewarm(sweep, out / "sweep", WARM_UP.format(model=model_name, dtype=p.get("dtype", "auto")),
+                      fresh=fresh) if workers == 1 else None
     # lazy, as above: torch, transformers and the engine load while the kernel starts
     from npumoe_lab.core.cpu_features import resolve_dtype
     from npumoe_lab.models import load_model, model_fingerprint
@@ -316,7 +317,7 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1, accuracy: dict | None = No
         warming.join()
     stages = {"imports, model load, calibration and plans": time.time() - t0}
     print(f"[demo] running the sweep {sweep} ({len(spec.cells())} cells) ...", flush=True)
-    report = run_sweep(sweep, out / "sweep", workers=workers)
+    report = run_sweep(sweep, out / "sweep", workers=workers, fresh=fresh)
     stages["sweep"] = time.time() - t0 - sum(stages.values())
     print(report.summary(), flush=True)
     if not report.ok and not report.done and not report.skipped:
