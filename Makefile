@@ -40,12 +40,12 @@ bench: setup
 	$(BIN)/python bench/explorer_update.py --browser
 	$(BIN)/python bench/accuracy_curve.py $(ACCURACY_ARGS)
 
-# issue 17's targets over ROUNDS fresh processes (median, range, rounds meeting each): ~2.5 min a round quiet
+# the targets over ROUNDS fresh processes (median, range, rounds meeting each): ~2.5 min a round quiet
 ROUNDS ?= 5
 bench-rounds: setup
 	$(BIN)/python bench/rounds.py --rounds $(ROUNDS) $(ROUNDS_ARGS)
 
-# issue 26: measure -> fit-device -> held-out runs -> validate-device --runs on this CPU (<= 8 min on 2 quiet cores);
+# measure -> fit-device -> held-out runs -> validate-device --runs on this CPU (<= 8 min on 2 quiet cores);
 # prints the README table (CPU model, flags). Run it on a QUIET host: busy rows are flagged and excluded.
 cpu-loop: setup
 	$(BIN)/python bench/cpu_loop.py --out results/cpu-loop --threads $(NPUMOE_THREADS) $(LOOP_ARGS)

@@ -1,4 +1,4 @@
-"""The device-model loop proven on this CPU (issue 26 item 6), end to end, and the README table it earns:
+"""The device-model loop proven on this CPU, end to end, and the README table it earns:
 
   1. npumoe-lab measure --device cpu        op-level micro-benchmarks (fit rows), tiny + Qwen3-30B-A3B geometry
   2. npumoe-lab fit-device --platform cpu   the host model fitted on them (cpu-fit.yaml)

@@ -31,7 +31,7 @@ def plot_baselines(df: pd.DataFrame):
     rows without repeats their 90 % interval over parameter draws (the axis label says which)."""
     metrics = pk.available(df, ("ttft_s", "energy_per_token_mj", "cpu_cycles"), "baselines", need=("variant",))
     facets = pk.facets(pk.default_knobs(df.dropna(subset=metrics, how="all")))
-    fig, axes = pk.figure(len(facets), len(metrics), 3.0, 2.6)
+    fig, axes = pk.figure(len(facets), len(metrics), 3.0, 2.9)
     for c, metric in enumerate(metrics):       # one scale per column (a metric), over every facet
         column = pd.concat([pk.stats(sub, metric)["median"] for _, sub in facets if sub[metric].notna().any()])
         for r, (title, sub) in enumerate(facets):    # the unit per panel: a modeled 10 ms reads in ms
@@ -313,7 +313,7 @@ def _scatter(df, x, ys):
     # one metric: facets wrap into two columns; several: one row of metrics per facet
     wrap = 2 if len(ys) == 1 and len(facets) > 1 else None
     shape = (-(-len(facets) // wrap), wrap) if wrap else (len(facets), len(ys))
-    fig, axes = pk.figure(*shape, 3.0, 2.4)
+    fig, axes = pk.figure(*shape, 3.0, 2.7)
     for j in range(len(facets), shape[0] * shape[1] if wrap else 0):
         axes[j // wrap][j % wrap].set_visible(False)
     variants, knob_entries, fig_notes = set(), {}, set()
