@@ -55,7 +55,8 @@ def summary_markdown(df: pd.DataFrame, sources: dict) -> str:
               "`npumoe_lab/devices/platforms/<name>.yaml`, with its sourced parameters; `npumoe-lab platforms` lists "
               "them), or both combined: a measured row's energy is `measured-time x modeled-power` (busy time x the "
               "platform's watts per core) and its CPU cycles `measured-cpu-time x modeled-clock` (process CPU time x "
-              "the nominal clock). Numerics (drop rate, score) are real in both: the model runs on this CPU.", ""]
+              "the nominal clock) or `measured-time x threads x modeled-clock` (wall time x torch threads x the "
+              "nominal clock). Numerics (drop rate, score) are real in both: the model runs on this CPU.", ""]
     if "host_busy" in df.columns and df["host_busy"].fillna(False).astype(bool).any():
         busy = df[df["host_busy"].fillna(False).astype(bool)]
         lines += [f"**Measured rows were taken on a busy host** ({len(busy)} of "
