@@ -40,7 +40,7 @@ bench: setup
 	$(BIN)/python bench/explorer_update.py --browser
 	$(BIN)/python bench/accuracy_curve.py $(ACCURACY_ARGS)
 
-# issue 17's targets over ROUNDS fresh processes (median, range, rounds meeting each): ~2.5 min a round quiet
+# the targets over ROUNDS fresh processes (median, range, rounds meeting each): ~2.5 min a round quiet
 ROUNDS ?= 5
 bench-rounds: setup
 	$(BIN)/python bench/rounds.py --rounds $(ROUNDS) $(ROUNDS_ARGS)

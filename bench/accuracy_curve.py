@@ -1,4 +1,4 @@
-"""Issue 28's speed target: the full accuracy curve (4 tasks x 6 percentiles x 2 saliency rules, n = 300) within
+"""The speed target: the full accuracy curve (4 tasks x 6 percentiles x 2 saliency rules, n = 300) within
 30 minutes on 2 cores, with a progress bar; writes the curve (curve.csv, samples.csv, ACCURACY.md, figure) too.
 
 Work splits over `--workers` processes (default 2, one torch thread each: one per core; the tiny model's ops are

@@ -1,4 +1,4 @@
-"""The explorer's knob-move latency (issue 30: median <= 100 ms): the bundled model's explorer app (as the notebook
+"""The explorer's knob-move latency (median <= 100 ms): the bundled model's explorer app (as the notebook
 and the browser test open it: `make_lab("tiny")`, prompt 256, chunk 128) moved through a fixed sequence of knob
 settings in code, each move = re-plan + the prompt's op stream as arrays + metrics table + the visible panel
 (vs baselines, redrawn in place). Prints the median and every update's wall time (`Explorer.last_update_s`, what

@@ -23,7 +23,7 @@ useful FLOPs = 6*H*I per routed assignment. Timings are medians over interleaved
 repeat so machine noise hits them alike). `--only calib|prefill` runs bench/prefill.py's parts.
 
     .venv/bin/python bench/moe_layer.py          # acceptance set: qwen3 geometry, the CPU's fast dtype, chunks 512 2048,
-                                                 # calib, prefill, policy (bench/policy.py: issue 17)
+                                                 # calib, prefill, policy (bench/policy.py)
     .venv/bin/python bench/moe_layer.py --geometry all --dtypes fp32,bf16 --chunks 256,512,1024,4096
 """
 from __future__ import annotations
@@ -357,7 +357,7 @@ def markdown(rows) -> str:
 
 
 def layer_checks(rows, checks: list) -> None:
-    """Issue 17's per-layer targets from the table's rows: the plan on the CPU (padding skipped) >= 1.25x HF eager,
+    """The per-layer targets from the table's rows: the plan on the CPU (padding skipped) >= 1.25x HF eager,
     and computing the padding costs at most slots / filled rows (= 1 / (1 - pad fraction)) times skipping it."""
     from policy import record
     by = {(r["geometry"], r["dtype"], r["chunk"], r["variant"]): r for r in rows}
@@ -405,7 +405,7 @@ def parse_args(argv=None):
     p.add_argument("--prefill-drop-budget", type=float, default=0.005, help="held-out drop budget of the prefill plan")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="", help="also write the markdown report here")
-    p.add_argument("--json", default="", help="also write the issue-17 targets as data here (bench/rounds.py)")
+    p.add_argument("--json", default="", help="also write the CPU-numerics targets as data here (bench/rounds.py)")
     return p.parse_args(argv)
 
 
@@ -416,7 +416,7 @@ def main(argv=None):
     args.dtypes = ",".join(dtype_name(fast_dtype()) if d == "auto" else d for d in args.dtypes.split(","))
     only = {"layer", "calib", "prefill", "policy"} if args.only == "all" else set(args.only.split(","))
     import policy
-    checks = []          # issue 17's targets as data (--json)
+    checks = []          # the targets as data (--json)
     cpu = policy.cpu_line(DTYPES[args.dtypes.split(",")[0]])
     report = [f"# npumoe-lab CPU benchmark: {provenance(args.threads)}", "", cpu, ""]
     if "layer" in only:
@@ -445,7 +445,7 @@ def main(argv=None):
             report += ["", prefill.calibration_overhead(args.repeats)]
         if "prefill" in only:
             report += ["", prefill.prefill_tokens_per_s(args)]
-    if "policy" in only:     # issue 17: attach cost, 2-layer chunked prefill, fp16 emulation (policy.py)
+    if "policy" in only:     # attach cost, 2-layer chunked prefill, fp16 emulation (policy.py)
         dtype = DTYPES[args.dtypes.split(",")[0]]
         model, tok, plans = policy.two_layer_setup(dtype)
         report += ["", policy.attach_cost(model, plans, checks=checks),

@@ -1,4 +1,4 @@
-"""Issue 17's parts of `make bench` (`--only policy`, part of the defaults): the checks that must hold on any CPU.
+"""The parts of `make bench` (`--only policy`, part of the defaults): the checks that must hold on any CPU.
 
 cpu_line: this CPU's model, the flags that decide dtypes, and the dtype the bench runs in (cpu_features.py).
 attach_cost: a 2-layer model at Qwen3-30B-A3B geometry, a 3-tier plan calibrated on the bundled text; wall time of
@@ -49,7 +49,7 @@ def cpu_flags(flags: str):
 
 
 def record(checks: list | None, name: str, value: float, op: str, threshold: float, info: bool = False) -> None:
-    """One issue-17 target as data (`moe_layer.py --json`, bench/rounds.py): `value op threshold` must hold;
+    """One CPU-numerics target as data (`moe_layer.py --json`, bench/rounds.py): `value op threshold` must hold;
     `info`: not a target itself, read beside one (e.g. the same ratio at equal work)."""
     if checks is not None:
         checks.append(dict(check=name, value=float(value), op=op, threshold=float(threshold), info=info,

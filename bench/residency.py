@@ -1,4 +1,4 @@
-"""Old vs new residency at the paper grid (issue 27): 3 geometries x M2 Max / M2 Ultra x prompts 1024, 4096 x chunks
+"""Old vs new residency at the paper grid: 3 geometries x M2 Max / M2 Ultra x prompts 1024, 4096 x chunks
 256, 512, 1024 = 36 settings, npumoe built with residency="cost" (the old group-by-group rule) and with the default
 "makespan" rule (residency as scheduling), beside anemll and npumoe-tg, on the same default routing (the measured
 defaults of data/routing/tiny-defaults.yaml). Prints a markdown table: modeled TTFT of each rule, how many settings

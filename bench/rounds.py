@@ -1,4 +1,4 @@
-"""Issue 17's targets over several rounds (`make bench-rounds`): is a ratio on its line, or past it?
+"""The targets over several rounds (`make bench-rounds`): is a ratio on its line, or past it?
 
 One `make bench` run gives one ratio per target, and on a shared 2-core VM HF eager's own time moves by 10-20 %
 between runs (bench/RESULTS.md: the layer at 2048 tokens read 1.20-1.36x over six runs). This runs

@@ -1,4 +1,4 @@
-"""The paper grid simulated (issue 14, issue 30): 3 geometries x 2 platforms x 9 variants x prompts 1024/4096 x chunks
+"""The paper grid simulated: 3 geometries x 2 platforms x 9 variants x prompts 1024/4096 x chunks
 256/512/1024 = 324 rows through `npumoe_lab.simulate` (routing sampled, op streams as arrays, no weights, times
 modeled). Prints the wall time and the process CPU time (the host is shared: CPU time is what a quiet core takes),
 rows per second and the CPU it ran on (model, flags). Targets: one draw <= 10 s on 2 cores; 200 parameter draws

@@ -1,4 +1,4 @@
-"""How the cost of one simulated row grows (issue 30): time per row of `simulate` (variant npumoe, m2-max, chunk
+"""How the cost of one simulated row grows: time per row of `simulate` (variant npumoe, m2-max, chunk
 512, synthetic routing Gini 0.45 (reachable at 16 experts, top-8), one draw) against prompt length (1k ... 32k), decoder layers (1 ... 48) and routed
 experts (16 ... 128), on Qwen3-30B-A3B's geometry with the one dimension changed. Each row's time is split into the
 setup (routing source, calibration, plan) and the stream (routing counts, the op stream as arrays, its schedule

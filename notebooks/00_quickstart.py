@@ -42,7 +42,7 @@ import torch
 
 import npumoe_lab as nl
 from npumoe_lab.experiments import notebook_helpers as nb
-from npumoe_lab.viz.plots import plot_baselines, plot_popularity_heatmap
+from npumoe_lab.viz.plots import plot_popularity_heatmap, timeline
 
 torch.manual_seed(seed)
 m, tok = nb.load(model)
@@ -90,8 +90,12 @@ nb.maybe_write(rows, out_dir)
 rows[["platform", "timing_source", "ttft_s", "energy_per_token_mj", "cpu_cycles", "n_npu_calls", "drop_rate",
       "pad_rate"]]
 
+# %% [markdown]
+# The modeled prefill op by op (one lane per role, NPU dispatch + sync hatched, the critical path underlined); the
+# table above compares the two platforms' totals.
+
 # %%
-plot_baselines(rows)
+timeline(results[platform].events, title=f"one prefill through the plan: {platform}, modeled", platform=platform)
 
 # %%
 plot_popularity_heatmap(profile)

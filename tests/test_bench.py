@@ -49,7 +49,7 @@ def test_gpu_check_dry_run_on_cpu(capsys):
 
 @torch.no_grad()
 def test_policy_parts_smoke(monkeypatch):
-    """issue 17's bench parts on a small model: attach cost, chunked prefill rows, fp16 groups within tolerance."""
+    """the bench parts on a small model: attach cost, chunked prefill rows, fp16 groups within tolerance."""
     import re
 
     import policy

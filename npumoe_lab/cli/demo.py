@@ -13,11 +13,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="results/demo", help="output folder (default %(default)s)")
     p.add_argument("--sweep", default=str(DEMO_SWEEP), help="the sweep YAML to run (default sweeps/demo.yaml)")
     p.add_argument("--workers", type=int, default=1, help="sweep cells run at once (default 1)")
+    p.add_argument("--fresh", action="store_true",
+                   help="re-measure every measured cell of the demo sweep instead of reusing the last run's")
 
 
 def _demo(a) -> int:
     from npumoe_lab.experiments.demo import run_demo    # lazy: torch, papermill, matplotlib load only when run
-    run_demo(a.out, a.sweep, a.workers)
+    run_demo(a.out, a.sweep, a.workers, fresh=a.fresh)
     return 0
 
 

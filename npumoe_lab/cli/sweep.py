@@ -7,7 +7,8 @@ EXECUTORS = ("local", "dask")      # = experiments.sweep.EXECUTORS (tests/test_c
 def _sweep(args) -> int:
     from npumoe_lab.experiments.sweep import run_sweep     # lazy: papermill and the pool load only when run
     report = run_sweep(args.sweep, args.out, workers=args.workers, executor=args.executor,
-                       scheduler=args.scheduler, warm=not args.fresh_kernels)
+                       scheduler=args.scheduler, warm=not args.fresh_kernels,
+                       fresh=args.fresh)
     print(report.summary())
     return 0 if report.ok else 1
 
@@ -24,4 +25,7 @@ def register_cli(subparsers) -> None:
     p.add_argument("--scheduler", default=None, help="address of a running Dask scheduler (tcp://host:8786)")
     p.add_argument("--fresh-kernels", action="store_true",
                    help="a new kernel per cell (default for local workers: one warm kernel each, reused)")
+    p.add_argument("--fresh", action="store_true",
+                   help="re-measure: run again every done cell that times a measured platform (the old attempt is "
+                        "kept in the cell's _attempts/, never loaded); modeled-only cells are kept")
     p.set_defaults(func=_sweep)

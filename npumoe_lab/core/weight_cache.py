@@ -1,7 +1,7 @@
 """Expert weights prepared for a kernel (oneDNN-packed, NPU precision) belong to the model, not to an attachment.
 
 Preparing them is the expensive part of `attach(model, plan)` at real geometries (packing every expert of two
-Qwen3-30B-A3B layers took ~3 s, issue 17), and it depends only on the weights and the kernel, never on the plan or
+Qwen3-30B-A3B layers took ~3 s), and it depends only on the weights and the kernel, never on the plan or
 the options. So the prepared copies are kept on the experts module itself, keyed by what they were made for, and
 every later attach with any plan reuses them. They are dropped as soon as the module's weights change: the key
 includes each parameter's storage address and autograd version counter, which in-place updates (`load_state_dict`,

@@ -3,7 +3,7 @@
 Numerics always run for real on this host. A platform gives time: `measured` on this host (`cpu`: measured.py
 times real calls), `modeled` elsewhere (Apple M2/M3/M4: cost.py OpCosts through platform.py DeviceModels whose
 parameters are sourced in platforms/*.yaml, or fitted by fit-device). Every number carries which it is.
-Device-model checking (issue 26): measurements.py (data/measurements schema and loader), workload.py (a row's work
+Device-model checking: measurements.py (data/measurements schema and loader), workload.py (a row's work
 as an OpCost), graph_cost.py (the graph-level NPU structure), price.py (vectorised pricing over parameter draws),
 fit.py (`fit-device`), validate.py (`validate-device`).
 """

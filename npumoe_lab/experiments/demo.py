@@ -26,8 +26,9 @@ DEMO_SWEEP = REPO_ROOT / "sweeps" / "demo.yaml"
 FIGURE_NOTES = {
     "baselines": "TTFT, energy per token, CPU cycles per variant (paper main figure); `baselines-<platform>` one "
                  "platform each",
-    "ablation": "TTFT speedup of npumoe-base -> -t -> -tg -> npumoe over npumoe-base, paper's values as black ticks",
-    "accuracy": "accuracy delta vs the dropless reference against drop rate (bootstrap CI)",
+    "ablation": "TTFT speedup of npumoe-base -> -t -> -tg -> npumoe over npumoe-base, each step's drop rate in its "
+                "label; the paper's values drawn only on its own setting (Phi-3.5-MoE, M2 Ultra)",
+    "accuracy": "accuracy change vs the dropless reference against drop rate (exact 95 % bounds; n stated)",
     "tiers": "padding vs drop rate per configuration",
     "grouping": "group size vs TTFT / energy / NPU calls",
     "residency": "hot threshold vs TTFT / energy",
@@ -49,10 +50,13 @@ def summary_markdown(df: pd.DataFrame, sources: dict) -> str:
     from npumoe_lab.planning.variants import ABLATION, PAPER_ABLATION_SPEEDUP, VARIANTS
     lines = ["# npumoe-lab demo: summary", ""]
     lines += [f"- {k}: {v}" for k, v in sources.items()]
-    lines += ["", "Every time/energy number is labelled **measured** (run on this host, wall clock) or **modeled** "
-              "(the device cost model of `npumoe_lab/devices/platforms/<name>.yaml`, with its sourced parameters; "
-              "`npumoe-lab platforms` lists them). Numerics (drop rate, score) are real in both: the model runs on "
-              "this CPU.", ""]
+    lines += ["", "Each metric carries its own source, copied from the rows (`timing_source`, `energy_source`, "
+              "`cycles_source`): **measured** (run on this host, wall clock), **modeled** (the device cost model of "
+              "`npumoe_lab/devices/platforms/<name>.yaml`, with its sourced parameters; `npumoe-lab platforms` lists "
+              "them), or both combined: a measured row's energy is `measured-time x modeled-power` (busy time x the "
+              "platform's watts per core) and its CPU cycles `measured-cpu-time x modeled-clock` (process CPU time x "
+              "the nominal clock) or `measured-time x threads x modeled-clock` (wall time x torch threads x the "
+              "nominal clock). Numerics (drop rate, score) are real in both: the model runs on this CPU.", ""]
     if "host_busy" in df.columns and df["host_busy"].fillna(False).astype(bool).any():
         busy = df[df["host_busy"].fillna(False).astype(bool)]
         lines += [f"**Measured rows were taken on a busy host** ({len(busy)} of "
@@ -64,20 +68,22 @@ def summary_markdown(df: pd.DataFrame, sources: dict) -> str:
     for (p, c), g in df.groupby(["prompt_len", "chunk"]):
         lines += [f"## prompt {p} tokens, chunk {c} (median of {int(g.groupby(['variant', 'platform']).size().max())}"
                   f" row(s) per cell)", "",
-                  "| variant | platform | timing | TTFT (s) | energy/token (mJ) | CPU cycles | NPU calls | NPU groups "
-                  "(expert FLOP share) | drop rate | score |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| variant | platform | TTFT source | TTFT (s) | energy source | energy/token (mJ) | cycles source | "
+                  "CPU cycles | NPU calls | NPU groups (expert FLOP share) | drop rate | score |",
+                  "|---|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|"]
         cols = {c_: "median" for c_ in SUMMARY_COLUMNS + PLAN_COLUMNS if c_ in g.columns}
-        agg = g.groupby(["platform", "variant"], sort=False).agg(
-            {**cols, "timing_source": "first"}).reset_index()
+        srcs = {c_: _one_label for c_ in SOURCE_COLUMNS}
+        agg = g.assign(**{c_: g[c_] if c_ in g.columns else "not recorded" for c_ in SOURCE_COLUMNS}).groupby(
+            ["platform", "variant"], sort=False).agg({**cols, **srcs}).reset_index()
         order = {v: i for i, v in enumerate(VARIANTS)}
         agg = agg.sort_values(["platform", "variant"], key=lambda s: s.map(order) if s.name == "variant" else s)
         for r in agg.itertuples():
             groups = (f"{r.n_npu_groups:.0f} of {r.n_npu_groups + r.n_cpu_groups:.0f} "
                       f"({r.npu_expert_flop_share:.0%})" if hasattr(r, "n_npu_groups") and r.n_cpu_groups == r.n_cpu_groups
                       else "-")
-            lines.append(f"| {r.variant} | {r.platform} | {r.timing_source} | {r.ttft_s:.4g} | "
-                         f"{r.energy_per_token_mj:.4g} | {r.cpu_cycles:.3g} | {r.n_npu_calls:.0f} | {groups} | "
-                         f"{r.drop_rate:.1%} | {r.score:.3f} |")
+            lines.append(f"| {r.variant} | {r.platform} | {r.timing_source} | {r.ttft_s:.4g} | {r.energy_source} | "
+                         f"{r.energy_per_token_mj:.4g} | {r.cycles_source} | {r.cpu_cycles:.3g} | {r.n_npu_calls:.0f} "
+                         f"| {groups} | {r.drop_rate:.1%} | {r.score:.3f} |")
         lines += ["", *_degenerate_lines(agg.assign(model="tiny", prompt_len=p, chunk=c))]
         lines += ["", "Ablation: TTFT speedup over npumoe-base at each step's own drop rate (paper, PAPER.md 5.5: "
                   + " / ".join(f"{PAPER_ABLATION_SPEEDUP[v]:.2f}" for v in ABLATION) + ")", ""]
@@ -92,6 +98,15 @@ def summary_markdown(df: pd.DataFrame, sources: dict) -> str:
                 timing_source=("timing_source", "first")).reset_index())
         lines += ["", *_accuracy_lines(g), ""]
     return "\n".join(lines)
+
+
+SOURCE_COLUMNS = ("timing_source", "energy_source", "cycles_source")
+
+
+def _one_label(values: pd.Series) -> str:
+    """The rows' own label of a metric; several (e.g. repeats of different provenance) are all named."""
+    labels = sorted({str(v) for v in values.dropna()})
+    return " + ".join(labels) if labels else "not recorded"
 
 
 def _degenerate_lines(agg: pd.DataFrame) -> list[str]:
@@ -190,8 +205,9 @@ def draw_figures(out: Path) -> list[Path]:
     return figs
 
 
+# draws: the 90 % interval of every modeled metric over parameter draws, drawn as the figures' whiskers
 PAPER_SCALE = dict(geometry="qwen3-30b-a3b,phi-3.5-moe,phi-tiny-moe", routing="synthetic:gini=0.6",
-                   platforms="m2-max,m2-ultra", variants="all", prompt_len=1024, chunk=512)
+                   platforms="m2-max,m2-ultra", variants="all", prompt_len=1024, chunk=512, draws=200)
 
 
 def paper_scale_section(out: Path) -> tuple[str, list]:
@@ -260,7 +276,8 @@ def accuracy_section(out: Path, proc, options: dict, recorded: Path = RECORDED_A
     return text
 
 
-def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1, accuracy: dict | None = None) -> Path:
+def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1, accuracy: dict | None = None, fresh: bool = False) -> Path:
+    """`fresh`: re-measure every measured cell of the sweep (run_sweep(fresh=True)) instead of resuming."""
     import yaml
 
     t0 = time.time()
@@ -277,8 +294,8 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1, accuracy: dict | None = No
     model_name = p.get("model", "tiny")
     # the sweep's kernel starts now and imports + loads the cells' model while this process imports, loads and
     # calibrates (nothing is timed before the sweep); workers > 1 start their own kernels
-    warming = prewarm(sweep, out / "sweep", WARM_UP.format(model=model_name, dtype=p.get("dtype", "auto"))) \
-        if workers == 1 else None
+    warming = prewarm(sweep, out / "sweep", WARM_UP.format(model=model_name, dtype=p.get("dtype", "auto")),
+                      fresh=fresh) if workers == 1 else None
     # lazy, as above: torch, transformers and the engine load while the kernel starts
     from npumoe_lab.core.cpu_features import resolve_dtype
     from npumoe_lab.models import load_model, model_fingerprint
@@ -316,7 +333,7 @@ def run_demo(out, sweep=DEMO_SWEEP, workers: int = 1, accuracy: dict | None = No
         warming.join()
     stages = {"imports, model load, calibration and plans": time.time() - t0}
     print(f"[demo] running the sweep {sweep} ({len(spec.cells())} cells) ...", flush=True)
-    report = run_sweep(sweep, out / "sweep", workers=workers)
+    report = run_sweep(sweep, out / "sweep", workers=workers, fresh=fresh)
     stages["sweep"] = time.time() - t0 - sum(stages.values())
     print(report.summary(), flush=True)
     if not report.ok and not report.done and not report.skipped:

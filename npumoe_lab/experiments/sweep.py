@@ -55,6 +55,7 @@ class SweepReport:
     done: list = field(default_factory=list)
     skipped: list = field(default_factory=list)
     failed: list = field(default_factory=list)
+    remeasured: int = 0          # done cells run again by fresh=True (they count in `done`)
 
     @property
     def ok(self) -> bool:
@@ -62,8 +63,9 @@ class SweepReport:
 
     def summary(self) -> str:
         n = len(self.done) + len(self.skipped) + len(self.failed)
-        lines = [f"sweep {self.name!r}: {n} cells: {len(self.done)} done, {len(self.skipped)} skipped (already "
-                 f"done), {len(self.failed)} failed; results in {self.out_dir}"]
+        again = f" ({self.remeasured} re-measured: --fresh)" if self.remeasured else ""
+        lines = [f"sweep {self.name!r}: {n} cells: {len(self.done)} done{again}, {len(self.skipped)} skipped "
+                 f"(already done), {len(self.failed)} failed; results in {self.out_dir}"]
         if self.failed:
             lines.append("failed cells (each executed.ipynb keeps the error; re-run the same command to retry):")
             lines += [f"  {c.key} {c.params}: {c.error}  ->  {c.dir / 'executed.ipynb'}" for c in self.failed]
@@ -71,9 +73,12 @@ class SweepReport:
 
 
 def run_sweep(yaml_path, out_dir, workers: int = 1, executor: str = "local", scheduler: str | None = None,
-              warm: bool = True):
+              warm: bool = True, fresh: bool = False):
     """Run every cell of the sweep that has no DONE.json; return a SweepReport (failed cells do not raise).
-    `warm`: local workers run their cells in one kernel each (warm_kernel.py) instead of a fresh one per cell."""
+    `warm`: local workers run their cells in one kernel each (warm_kernel.py) instead of a fresh one per cell.
+    `fresh`: also re-run the done cells that time a measured platform (their old attempt is moved to _attempts/),
+    so no measured row is reused; modeled-only cells are deterministic and kept. Without it, done cells holding
+    host_busy rows are reused and one stderr line says so."""
     if executor not in EXECUTORS:
         raise NpuMoeError(f"unknown executor {executor!r}; use one of {', '.join(EXECUTORS)}")
     if not isinstance(workers, int) or workers < 1:
@@ -89,14 +94,21 @@ def run_sweep(yaml_path, out_dir, workers: int = 1, executor: str = "local", sch
                      {k: p for k, p in cells})
     report = SweepReport(spec.name, out)
     tasks = []
+    remeasure = _measured_keys(spec, cells) if fresh else set()
     for key, params in cells:
         cell_dir = out / "cells" / key
-        if (cell_dir / DONE).exists():
+        if (cell_dir / DONE).exists() and key not in remeasure:
             report.skipped.append(CellOutcome(key, params, cell_dir, "skipped"))
         else:
             tasks.append({"key": key, "params": params, "cell_dir": str(cell_dir), "notebook": str(notebook),
                           "kind": spec.kind, "cwd": str(spec.notebook.parent if notebook else out),
-                          "warm": warm and executor == "local" and spec.kind == "notebook"})
+                          "warm": warm and executor == "local" and spec.kind == "notebook",
+                          "fresh": key in remeasure})
+    report.remeasured = sum(1 for t_ in tasks if t_["fresh"] and (Path(t_["cell_dir"]) / DONE).exists())
+    busy = [c for c in report.skipped if _has_busy_rows(c.dir)]
+    if busy:
+        _say(f"[sweep] {len(busy)} of the {len(report.skipped)} cells already done hold measured rows flagged "
+             f"host_busy (taken on a busy host); they are reused as they are: add --fresh to re-measure them")
     if executor == "dask":
         from npumoe_lab.experiments.dask_executor import dask_map as run_all  # lazy: dask is an optional, heavy dependency
     else:
@@ -115,6 +127,28 @@ def run_sweep(yaml_path, out_dir, workers: int = 1, executor: str = "local", sch
         from npumoe_lab.experiments.warm_kernel import shutdown  # lazy: registers a papermill engine
         shutdown()
     return report
+
+
+def _measured_keys(spec, cells: list) -> set:
+    """Keys of the cells that time a measured platform (sweep_measured.py): what --fresh re-runs."""
+    if spec.kind != "notebook":
+        return set()
+    from npumoe_lab.experiments.sweep_measured import measured_platforms, notebook_defaults  # lazy: reads the notebook
+    defaults = notebook_defaults(spec.notebook)
+    return {key for key, params in cells if measured_platforms(params, defaults)}
+
+
+def _has_busy_rows(cell_dir: Path) -> bool:
+    """Does a done cell hold a row flagged host_busy? (unreadable rows count as not busy: load_results reports them)"""
+    import pyarrow.parquet as pq
+    for path in cell_dir.glob("*.parquet"):
+        try:
+            table = pq.read_table(path, columns=["host_busy"]) if "host_busy" in pq.read_schema(path).names else None
+        except (OSError, ValueError):
+            continue
+        if table is not None and any(bool(v) for v in table.column("host_busy").to_pylist() if v is not None):
+            return True
+    return False
 
 
 def _split_measured(spec, tasks: list, workers: int) -> tuple[list, list]:
@@ -140,7 +174,7 @@ def run_cell(task: dict) -> dict:
     cell_dir.mkdir(parents=True, exist_ok=True)
     kernel_env()
     with _cell_lock(cell_dir):
-        if (cell_dir / DONE).exists():  # finished by another (orphaned or concurrent) run meanwhile
+        if (cell_dir / DONE).exists() and not task.get("fresh"):  # finished by another run meanwhile
             return {"status": "skipped"}
         _archive_attempt(cell_dir)
         started = time.time()
@@ -196,14 +230,16 @@ def _run_notebook(task: dict, cell_dir: Path) -> None:
 LABEL_FIRST = ("variants", "variant", "platforms", "platform", "workload", "prompt_len", "chunk")
 
 
-def prewarm(yaml_path, out_dir, code: str):
-    """Start the warm kernel this process's next `run_sweep(yaml_path, out_dir, workers=1)` will use, and run
-    `code` in it (e.g. the cells' imports and model load) while the caller goes on; returns a thread to join before
-    the sweep (the first cell's namespace reset waits for `code` anyway). None when no cell is left to run or the
-    sweep's cells are not notebooks."""
+def prewarm(yaml_path, out_dir, code: str, fresh: bool = False):
+    """Start the warm kernel this process's next `run_sweep(yaml_path, out_dir, workers=1, fresh=fresh)` will use,
+    and run `code` in it (e.g. the cells' imports and model load) while the caller goes on; returns a thread to join
+    before the sweep (the first cell's namespace reset waits for `code` anyway). None when no cell is left to run or
+    the sweep's cells are not notebooks."""
     spec = load_spec(yaml_path)
     cells = Path(out_dir).resolve() / "cells"
-    if spec.kind != "notebook" or all((cells / cell_key(p) / DONE).exists() for p in spec.cells()):
+    again = _measured_keys(spec, [(cell_key(p), p) for p in spec.cells()]) if fresh else set()
+    if spec.kind != "notebook" or all((cells / cell_key(p) / DONE).exists() and cell_key(p) not in again
+                                      for p in spec.cells()):
         return None
     from npumoe_lab.experiments.warm_kernel import prewarm as start  # lazy: registers a papermill engine
     kernel_env()
@@ -286,7 +322,8 @@ def _archive_attempt(cell_dir: Path) -> None:
     attempts = cell_dir / "_attempts"
     dest = attempts / f"{len(list(attempts.glob('*'))) + 1:03d}" if attempts.exists() else attempts / "001"
     dest.mkdir(parents=True)
-    for p in leftovers:
+    # DONE.json first: a cell interrupted mid-move is then retried, never loaded as done without its rows
+    for p in sorted(leftovers, key=lambda p: p.name != DONE):
         os.replace(p, dest / p.name)
 
 

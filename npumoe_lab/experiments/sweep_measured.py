@@ -1,6 +1,6 @@
 """Which sweep cells time a measured platform (this host's `cpu`): those must not run beside each other. Two
 workers timing the host at once are each other's load: every measured row of a `--workers 2` sweep came out
-host_busy, TTFT up to 56 s against 0.09-0.15 s quiet (issue 29). run_sweep runs them one at a time, after the
+host_busy, TTFT up to 56 s against 0.09-0.15 s quiet. run_sweep runs them one at a time, after the
 modeled cells have had the pool, and says so before it starts."""
 from __future__ import annotations
 

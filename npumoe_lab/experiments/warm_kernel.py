@@ -1,7 +1,7 @@
 """Sweep cells reuse their process: one warm Jupyter kernel per local sweep worker runs every cell's notebook.
 
 A fresh kernel per cell paid interpreter start-up, the torch/transformers/npumoe_lab imports and the model load
-every time (~5 s of a ~20 s demo cell, issue 17). Here papermill still executes each cell's notebook and writes
+every time (~5 s of a ~20 s demo cell). Here papermill still executes each cell's notebook and writes
 its `executed.ipynb` (the record of the cell), but into a kernel that stays up between cells: its imported modules
 and its model cache (model_cache.py, reached through `notebook_helpers.load`) survive, while the notebook's own
 namespace is cleared (IPython's reset, as `%reset -f`) before each cell, so a cell sees only what its notebook

@@ -1,4 +1,4 @@
-"""Accuracy harness: a variant against `reference` on each workload (issue 5).
+"""Accuracy harness: a variant against `reference` on each workload.
 
 For every workload it reports the task score of both, the change with a paired bootstrap 95% CI and exact bounds
 from the discordant pairs (McNemar / Clopper-Pearson, with a plain statement when no sample changed), next-token

@@ -1,4 +1,4 @@
-"""`npumoe-lab accuracy`: the accuracy-vs-drop curve behind the paper's "< 1.1 % loss" claim (issue 28).
+"""`npumoe-lab accuracy`: the accuracy-vs-drop curve behind the paper's "< 1.1 % loss" claim.
 
 For each task (at its calibrated difficulty, workloads/difficulty.py) and each saliency rule, plans are built at
 every tier percentile from one calibration profile; each plan prefills the same n samples and is scored against

@@ -1,7 +1,8 @@
 """Legibility checks of a rendered matplotlib figure, used by the tests and by `NPUMOE_FIGURE_AUDIT`.
 
 A figure fails when: its data axes cover less than half of the figure, a legend has more than 12 entries, two
-visible text boxes overlap, a panel showing time or energy carries no source label (gid `timing-source`), it has
+visible text boxes overlap, a text or a legend inside a panel covers data (a bar, a whisker, a point or a data
+line: overlap_with_data), a panel showing time or energy carries no source label (gid `timing-source`), it has
 no title (a figure title, or the axes title of a one-panel figure: what and where), a bar starts from zero on a
 log axis (its length means nothing there: draw points), or the panels of one grid column use different scales
 for the same quantity (one scale per column: panels are read against each other).
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+
+import numpy as np
 
 MIN_AXES_SHARE = 0.5
 MAX_LEGEND_ENTRIES = 12
@@ -84,12 +87,87 @@ def audit_figure(fig) -> list[str]:
         if n > MAX_LEGEND_ENTRIES:
             problems.append(f"a legend has {n} entries (> {MAX_LEGEND_ENTRIES})")
     problems += _overlaps(_texts(fig, renderer))
+    problems += overlap_with_data(fig, renderer)
     for ax in axes:
         label = f"{ax.get_ylabel()} {ax.get_xlabel()}"
         if any(w in label for w in TIMED_WORDS) and not [t for t in ax.texts if t.get_gid() == SOURCE_GID]:
             problems.append(f"panel {ax.get_ylabel()!r} shows time/energy without a source label")
     problems += missing_title(fig, axes) + bars_on_log_axes(axes) + scale_mismatches(axes)
     return problems
+
+
+def _clipped(bb, box):
+    """`bb` cut to the panel's box (bars and lines are clipped there), or None when nothing of it is inside."""
+    from matplotlib.transforms import Bbox
+    x0, y0, x1, y1 = max(bb.x0, box.x0), max(bb.y0, box.y0), min(bb.x1, box.x1), min(bb.y1, box.y1)
+    return Bbox([[x0, y0], [x1, y1]]) if x1 >= x0 and y1 >= y0 else None
+
+
+def _segment_boxes(points, half_width: float):
+    """Boxes around each straight piece of a polyline in display space, widened by half its line width."""
+    from matplotlib.transforms import Bbox
+    out = []
+    for (xa, ya), (xb, yb) in zip(points[:-1], points[1:]):
+        if all(map(np.isfinite, (xa, ya, xb, yb))):
+            out.append(Bbox([[min(xa, xb) - half_width, min(ya, yb) - half_width],
+                             [max(xa, xb) + half_width, max(ya, yb) + half_width]]))
+    return out
+
+
+def _data_boxes(ax, renderer) -> list:
+    """(what, display box) of everything a panel draws as data: bars, whisker lines and caps, markers, lines in
+    data coordinates. Reference lines spanning the panel (axvline, axhline: not in data coordinates) are left out."""
+    from matplotlib.collections import LineCollection, PathCollection
+    from matplotlib.patches import Rectangle
+    from matplotlib.transforms import Bbox
+    box, px = ax.get_window_extent(renderer), ax.figure.dpi / 72
+    out = []
+    for patch in ax.patches:
+        if isinstance(patch, Rectangle) and patch.get_visible() and patch.get_width() and patch.get_height():
+            out.append(("a bar", patch.get_window_extent(renderer)))
+    for coll in ax.collections:
+        if not coll.get_visible():
+            continue
+        if isinstance(coll, LineCollection):
+            lw = float(np.max(coll.get_linewidths())) if len(coll.get_linewidths()) else 1.0
+            for seg in coll.get_segments():
+                out += [("a whisker", b) for b in _segment_boxes(coll.get_transform().transform(seg), lw * px / 2)]
+        elif isinstance(coll, PathCollection) and len(coll.get_offsets()):
+            pts = coll.get_offset_transform().transform(coll.get_offsets())
+            sizes = coll.get_sizes() if len(coll.get_sizes()) else [36.0]
+            for i, (x, y) in enumerate(pts):
+                r = np.sqrt(sizes[i % len(sizes)]) * px / 2
+                out.append(("a point", Bbox([[x - r, y - r], [x + r, y + r]])))
+    for line in ax.lines:
+        if not line.get_visible() or line.get_transform() is not ax.transData:
+            continue
+        pts = ax.transData.transform(np.column_stack([line.get_xdata(orig=False), line.get_ydata(orig=False)]))
+        if line.get_marker() not in (None, "None", "none", "", " "):
+            r = line.get_markersize() * px / 2
+            out += [("a point", Bbox([[x - r, y - r], [x + r, y + r]])) for x, y in pts if np.isfinite([x, y]).all()]
+        if line.get_linestyle() not in ("None", "none", "", " "):
+            out += [("a data line", b) for b in _segment_boxes(pts, line.get_linewidth() * px / 2)]
+    return [(what, c) for what, b in out if (c := _clipped(b, box)) is not None]
+
+
+def overlap_with_data(fig, renderer, tol: float = 1.0) -> list[str]:
+    """Texts and legends drawn over a panel's data: a label on a bar, a legend over whiskers. A text outside every
+    panel (titles, tick and axis labels, a figure legend below the panels) cannot cover data and is not checked."""
+    found = []
+    for ax in _data_axes(fig):
+        data = _data_boxes(ax, renderer)
+        if not data:
+            continue
+        covers = [(f"text {t.get_text()[:30]!r}", t.get_window_extent(renderer)) for t in ax.texts
+                  if t.get_visible() and t.get_text().strip()]
+        legends = [leg for leg in [ax.get_legend(), *fig.legends] if leg is not None and leg.get_visible()]
+        covers += [("the legend", leg.get_window_extent(renderer)) for leg in legends]
+        for name, bb in covers:
+            for what, d in data:
+                if min(bb.x1, d.x1) - max(bb.x0, d.x0) > tol and min(bb.y1, d.y1) - max(bb.y0, d.y0) > tol:
+                    found.append(f"{name} covers {what} in panel {ax.get_title()[:40]!r}")
+                    break
+    return found
 
 
 def missing_title(fig, axes) -> list[str]:

@@ -69,6 +69,9 @@ def styled(fn):
             rows = next((a for a in args if isinstance(a, pd.DataFrame)), None)
             if rows is not None and getattr(fig, "_suptitle", None) is None:
                 title = figure_title(fn.__name__, rows)
+                notes = getattr(fig, "npumoe_notes", None)      # what every panel shares, said once
+                if notes:
+                    title += "\n" + "\n".join(textwrap.fill(n, 110) for n in notes)
                 w, h = fig.get_size_inches()
                 fig.set_size_inches(w, h + 0.5 * (title.count("\n") + 1))   # the title gets its own room
                 fig.suptitle(title, fontsize=8)
@@ -396,11 +399,12 @@ def finish(ax, title, source, width_chars: int = 70) -> None:
 BUSY_HATCH = "////"
 
 
-def hbars(ax, st, metric, title, source=None, xlabel=None, names=True, log=None, unit_of=None):
+def hbars(ax, st, metric, title, source=None, xlabel=None, names=True, log=None, unit_of=None, note=None):
     """One value per variant (top to bottom in paper order), coloured by variant, IQR whiskers: bars on a linear
     axis, points on a log one (a bar's length means nothing on a log axis). `log`: the column's decision (one
     scale per column), else these values'. `unit_of`: the values that pick the unit (the column's). Rows timed on
-    a busy host are drawn hatched and pale, with the reason in the panel's legend."""
+    a busy host are drawn hatched and pale (hollow points), with the reason in the axis note (a legend inside the
+    panel would cover data). `names`: True, False (blank), or one tick label per variant in paper order."""
     label, scale = unit(metric, st["median"] if unit_of is None else unit_of) if metric else (xlabel, 1.0)
     order = variant_order(st["variant"])
     s = st.set_index("variant").reindex(order)
@@ -419,12 +423,23 @@ def hbars(ax, st, metric, title, source=None, xlabel=None, names=True, log=None,
                 bar.set_alpha(0.35)
                 bar.set_hatch(BUSY_HATCH)
                 bar.set_edgecolor("0.3")
+    notes = [note] if note else []     # `note`: a line of its own in the axis note
     if (s["n"] > 1).any() or st.attrs.get("whiskers"):
-        err = np.clip([x - s["lo"].to_numpy(dtype=float) * scale, s["hi"].to_numpy(dtype=float) * scale - x], 0, None)
-        ax.errorbar(x, y, xerr=err, fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
-    ax.set_yticks(y, order if names else [""] * len(order))   # a row of panels names the variants once
+        # the interval exactly as stored, centred on itself: a point may lie at or past an end of it
+        lo, hi = s["lo"].to_numpy(dtype=float) * scale, s["hi"].to_numpy(dtype=float) * scale
+        ax.errorbar((lo + hi) / 2, y, xerr=np.clip((hi - lo) / 2, 0, None), fmt="none", ecolor="black",
+                    elinewidth=0.8, capsize=2)
+        notes.append(st.attrs.get("whiskers") or f"whiskers: IQR over {int(s['n'].max())} repeats")
+        edge = 1e-6 * np.maximum(np.abs(hi), 1e-300)
+        if st.attrs.get("whiskers") and ((x <= lo + edge) | (x >= hi - edge)).any():
+            notes.append("a point at or past an end of its interval: its parameter values sit at one end of the "
+                         "ranges drawn")
+    if busy.any():
+        reason = st.attrs.get("busy_reason") or "host busy"
+        notes.append(("hollow" if log else "hatched") + f": timed on a busy host ({reason})")
+    ax.set_yticks(y, order if names is True else list(names) if names else [""] * len(order))
     ax.invert_yaxis()
-    ax.set_xlabel(label + (f"\n{st.attrs['whiskers']}" if st.attrs.get("whiskers") else ""))
+    ax.set_xlabel("\n".join([label, *("\n".join(textwrap.wrap(n, 52)) for n in notes)]))
     if log:       # the column's decision, even where this panel's own values span less
         pos = x[np.isfinite(x) & (x > 0)]
         if len(pos) and (x[np.isfinite(x)] > 0).all():
@@ -432,15 +447,6 @@ def hbars(ax, st, metric, title, source=None, xlabel=None, names=True, log=None,
             log_ticks(ax, "x")
         elif len(pos):
             ax.set_xscale("symlog", linthresh=float(10 ** np.floor(np.log10(pos.min()))))
-    if busy.any():
-        from matplotlib.lines import Line2D
-        from matplotlib.patches import Patch
-        reason = st.attrs.get("busy_reason") or "host busy"
-        handle = Line2D([], [], ls="", marker="o", ms=4, mfc="white", mec="0.3") if log else \
-            Patch(facecolor="white", edgecolor="0.3", hatch=BUSY_HATCH)
-        ax.legend([handle],
-                  ["\n".join(textwrap.wrap(f"host busy, not a quiet timing: {reason}", 40))], fontsize=5,
-                  loc="best", frameon=True, framealpha=0.85)
     finish(ax, title, st.attrs.get("source") if source is None else source)
 
 

@@ -31,7 +31,7 @@ def plot_baselines(df: pd.DataFrame):
     rows without repeats their 90 % interval over parameter draws (the axis label says which)."""
     metrics = pk.available(df, ("ttft_s", "energy_per_token_mj", "cpu_cycles"), "baselines", need=("variant",))
     facets = pk.facets(pk.default_knobs(df.dropna(subset=metrics, how="all")))
-    fig, axes = pk.figure(len(facets), len(metrics), 3.0, 2.2)
+    fig, axes = pk.figure(len(facets), len(metrics), 3.0, 2.9)
     for c, metric in enumerate(metrics):       # one scale per column (a metric), over every facet
         column = pd.concat([pk.stats(sub, metric)["median"] for _, sub in facets if sub[metric].notna().any()])
         for r, (title, sub) in enumerate(facets):    # the unit per panel: a modeled 10 ms reads in ms
@@ -48,10 +48,24 @@ def _drop_rates(sub) -> dict:
     return {v: x for v, x in sub.groupby("variant")["drop_rate"].median().items() if pd.notna(x)}
 
 
+# the setting the paper's ablation numbers were read for (PAPER.md 5.5; paper-check compares them there): drawn
+# only on that model and platform's panels, never on another model's
+PAPER_ABLATION_SETTING = {"model": "phi-3.5-moe", "platform": "m2-ultra"}
+
+
+def _is_paper_setting(sub) -> bool:
+    model = sub["geometry"] if "geometry" in sub.columns else sub.get("model", pd.Series(dtype=object))
+    plats = set(sub["platform"].dropna()) if "platform" in sub.columns else set()
+    return set(model.dropna().astype(str)) == {PAPER_ABLATION_SETTING["model"]} and \
+        plats == {PAPER_ABLATION_SETTING["platform"]}
+
+
 @pk.styled
 def plot_ablation(df: pd.DataFrame):
-    """TTFT speedup of npumoe-base/-t/-tg/npumoe over npumoe-base (each facet against its own base), with the
-    paper's 1.00/1.48/2.11/2.89 as black ticks and each step's drop rate in its label."""
+    """TTFT speedup of npumoe-base/-t/-tg/npumoe over npumoe-base (each facet against its own base). Each step's
+    drop rate is in its tick label (beside the data, never over it); the paper's 1.00/1.48/2.11/2.89 are drawn
+    as hollow diamonds only on the panels of the paper's own setting (Phi-3.5-MoE on M2 Ultra) and quoted in the
+    axis note elsewhere."""
     pk.available(df, ("ttft_s",), "ablation", need=("variant",))
     sub_all = pk.default_knobs(df[df["variant"].isin(list(PAPER_ABLATION)) & df["ttft_s"].notna()])
     if "npumoe-base" not in set(sub_all["variant"]) or sub_all["variant"].nunique() < 2:
@@ -60,59 +74,39 @@ def plot_ablation(df: pd.DataFrame):
     facets = [(t, g) for t, g in pk.facets(sub_all) if "npumoe-base" in set(g["variant"])]
     ncols = min(len(facets), 2)
     nrows = -(-len(facets) // ncols)
-    fig, axes = pk.figure(nrows, ncols, 3.4, 2.4)
-    labels = []                                         # per panel: the drop-rate labels, placed once laid out
+    fig, axes = pk.figure(nrows, ncols, 3.6, 3.2 if nrows > 1 else 3.9)   # the notes below are one block
+    paper = " / ".join(f"{PAPER_ABLATION[v]:.2f}" for v in PAPER_ABLATION)
+    notes = set()
     for i, (title, sub) in enumerate(facets):
         ax = axes[i // ncols][i % ncols]
         st = pk.stats(sub, "ttft_s")
         base = float(st.loc[st["variant"] == "npumoe-base", "median"].iloc[0])
         # speedup = base / t: the fastest repeats give the highest speedups
         st = st.assign(median=base / st["median"], lo=base / st["hi"], hi=base / st["lo"])
-        pk.hbars(ax, st, None, title, source=pk.metric_source(sub, "ttft_s"),
-                 xlabel="TTFT speedup vs npumoe-base (×)\nblack ticks: paper (NPUMoE §5.8)")
         order = pk.variant_order(st["variant"])
-        if i % ncols:
-            ax.set_yticklabels([""] * len(order))      # the row's first panel names the variants
         same, drops = _equal_steps(sub), _drop_rates(sub)
-        ends = st.set_index("variant")[["median", "hi"]].max(axis=1)
-        labels.append((ax, [(y, f"drop {100 * drops[v]:.1f}%" + (f"  (= {same[v]}: no speedup of its own)"
-                                                                   if v in same else ""),
-                             "tab:red" if v in same else "0.15", float(ends[v]), PAPER_ABLATION[v])
-                            for y, v in enumerate(order) if v in drops]))
-        ax.scatter([PAPER_ABLATION[v] for v in order], range(len(order)), marker="|", s=120, linewidths=2,
-                   color="black", zorder=4)
+        names = [v + (f"\ndrop {100 * drops[v]:.1f}%" if v in drops else "") + (f", = {same[v]}" if v in same else "")
+                 for v in order]
+        here = _is_paper_setting(sub)
+        notes.add("hollow diamonds: the paper's speedups (NPUMoE §5.8, Phi-3.5-MoE on M2 Ultra)" if here else
+                  f"the paper's speedups (Phi-3.5-MoE, M2 Ultra) are {paper}x; panels of other settings do not "
+                  "draw them")
+        if (st["n"] <= 1).all():
+            notes.add("no whiskers: one modeled value per step (a ratio's interval needs paired draws: "
+                      "`paper-check` gives P(holds))")
+        pk.hbars(ax, st, None, title, source=pk.metric_source(sub, "ttft_s"), names=names,
+                 xlabel="TTFT speedup vs npumoe-base (×)")
+        for tick, v in zip(ax.get_yticklabels(), order):
+            if v in same:            # a step equal to an earlier one has no speedup of its own
+                tick.set_color("tab:red")
+        if here:
+            ax.scatter([PAPER_ABLATION[v] for v in order], range(len(order)), marker="D", s=22, facecolors="none",
+                       edgecolors="black", linewidths=1.0, zorder=4)
         ax.axvline(1.0, color="0.5", lw=0.8, ls=":")
     for j in range(len(facets), nrows * ncols):
         axes[j // ncols][j % ncols].set_visible(False)
-    _place_drop_labels(fig, labels)
+    fig.supxlabel("\n".join(sorted(notes)), fontsize=6, color="0.25")     # what every panel shares, said once
     return fig
-
-
-def _place_drop_labels(fig, labels) -> None:
-    """Each step's drop-rate label where it overlaps neither its bar's end nor the paper's tick: right of both when
-    it fits in the panel, else inside the bar at its foot, or (a tick there) just right of the tick. Measured on
-    the figure as laid out (the ticks are black marks on the bars: a label under one is unreadable)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    if not labels:
-        return
-    canvas = FigureCanvasAgg(fig)
-    fig.draw_without_rendering()                  # the constrained layout as it will be saved
-    renderer, pad, half = canvas.get_renderer(), 4 * fig.dpi / 72, 2 * fig.dpi / 72   # 4 pt gap, half a tick
-    for ax, rows in labels:
-        box, to_px = ax.get_window_extent(renderer), ax.transData.transform
-        for y, text, color, end, tick in rows:
-            t = ax.text(0, y, text, va="center", ha="left", fontsize=5, color=color, zorder=5)
-            width = t.get_window_extent(renderer).width
-            tick_px = to_px((tick, y))[0]
-            beyond = max(to_px((end, y))[0], tick_px + half) + pad
-            foot = to_px((0, y))[0] + pad
-            if beyond + width <= box.x1 - pad:
-                x = beyond
-            elif foot + width + pad <= tick_px - half or foot >= tick_px + half + pad:
-                x = foot
-            else:
-                x = tick_px + half + pad
-            t.set_x(ax.transData.inverted().transform((x, 0))[0])
 
 
 def _equal_steps(sub: pd.DataFrame) -> dict:
@@ -290,12 +284,27 @@ def _y_label(sub, metric, ci) -> str:
 
 def _dodge(st, xs: float, n: int) -> float:
     """A horizontal offset between variants (1.5 % of the x span) when two variants share a point, else 0: five
-    dropless variants at (0, 0) were drawn as one marker."""
+    dropless variants at (0, 0) were drawn as one marker. Applied to the right only (variant i moves i offsets),
+    so a drop rate of 0 is never drawn below 0."""
     pts = st.assign(_x=(st["median_x"] * xs).round(9), _y=st["median"].round(9))
     if n < 2 or not pts.duplicated(["_x", "_y"]).any() or pts["variant"].nunique() < 2:
         return 0.0
     span = float(pts["_x"].max() - pts["_x"].min())
     return 0.015 * (span if span > 0 else 1.0)
+
+
+WIDE_BOUNDS_POINTS = 25.0     # accuracy bounds wider than +-25 points (a few samples) are stated, not drawn
+
+
+def _wide_bounds(sub, st, metric, ci, scale) -> str:
+    """The axis note for accuracy bounds too wide to draw (n stated), else ''."""
+    if metric != "accuracy_delta" or not ci or "n_samples" not in sub.columns:
+        return ""
+    half = float(((st["hi"] - st["lo"]) * scale / 2).median())
+    n = pd.to_numeric(sub["n_samples"], errors="coerce").dropna()
+    if not len(n) or not np.isfinite(half) or half <= WIDE_BOUNDS_POINTS:
+        return f"n = {int(n.median())} samples per point" if len(n) else ""
+    return f"n = {int(n.median())} samples per point: exact bounds ±{half:.0f} points, not drawn"
 
 
 def _scatter(df, x, ys):
@@ -304,10 +313,10 @@ def _scatter(df, x, ys):
     # one metric: facets wrap into two columns; several: one row of metrics per facet
     wrap = 2 if len(ys) == 1 and len(facets) > 1 else None
     shape = (-(-len(facets) // wrap), wrap) if wrap else (len(facets), len(ys))
-    fig, axes = pk.figure(*shape, 3.0, 2.4)
+    fig, axes = pk.figure(*shape, 3.0, 2.7)
     for j in range(len(facets), shape[0] * shape[1] if wrap else 0):
         axes[j // wrap][j % wrap].set_visible(False)
-    variants, knob_entries = set(), {}
+    variants, knob_entries, fig_notes = set(), {}, set()
     for r, (title, sub) in enumerate(facets):
         keys = pk.config(sub)
         sx = pk.stats(sub, x)
@@ -326,34 +335,48 @@ def _scatter(df, x, ys):
             marks = pk.knob_markers(st[knob]) if knob else {}
             order = pk.variant_order(st["variant"])
             dodge = _dodge(st, xs, len(order))
+            n_note = _wide_bounds(sub, st, y, ci, ysc)
+            if n_note:                          # bounds wider than the panel says anything about: said, not drawn
+                st = st.assign(lo=st["median"], hi=st["median"])
             for i, v in enumerate(order):
                 s = st[st["variant"] == v].sort_values("median_x")
                 yerr = np.clip([(s["median"] - s["lo"]) * ysc, (s["hi"] - s["median"]) * ysc], 0, None)
                 xerr = np.clip([(s["median_x"] - s["lo_x"]) * xs, (s["hi_x"] - s["median_x"]) * xs], 0, None)
-                xv = s["median_x"] * xs + dodge * (i - (len(order) - 1) / 2)
+                xv = s["median_x"] * xs + dodge * _ranks(st, s, v, xs)
                 ax.errorbar(xv, s["median"] * ysc, yerr=yerr, xerr=xerr, fmt="-" if marks else "o-",
                             ms=3, lw=0.8, capsize=2, color=pk.color_of(v))
                 for val, m in marks.items():   # the knob's value as the marker shape
                     k = pk.knob_rows(s, knob, val)
-                    kx = k["median_x"] * xs + dodge * (i - (len(order) - 1) / 2)
+                    kx = k["median_x"] * xs + dodge * _ranks(st, k, v, xs)
                     ax.scatter(kx, k["median"] * ysc, marker=m, s=14, color=pk.color_of(v), zorder=3)
                 variants.add(v)
             if dodge:
-                ax.text(1.0, -0.02, "variants at one point dodged apart", transform=ax.transAxes, ha="right",
-                        va="top", fontsize=4.5, color="0.4")
+                fig_notes.add("variants sharing a point are dodged apart, to the right of it")
             if marks:
                 knob_entries.update({f"{knob} = {val:g}" if isinstance(val, (int, float)) else f"{knob} = {val}": m
                                      for val, m in marks.items()})
             if y == "accuracy_delta":
                 ax.axhline(0.0, color="0.5", lw=0.8, ls=":")
             ax.set_xlabel(LABELS[x][0])
+            if n_note:
+                fig_notes.add(f"{LABELS[y][0].split(' (')[0]}: {n_note}")
             ax.set_ylabel(_y_label(sub, y, ci))
             pk.auto_scale(ax, st["median"] * ysc, "y")
             pk.finish(ax, title, None)
     from matplotlib.lines import Line2D
     pk.variant_legend(fig, variants, [(Line2D([], [], marker=m, ls="none", color="0.3", ms=4), label)
                                       for label, m in knob_entries.items()])
+    fig.npumoe_notes = sorted(fig_notes)     # said once, under the figure title (plot_helpers.styled)
     return fig
+
+
+def _ranks(st, s, variant, xs) -> np.ndarray:
+    """For each of `s`'s points (rows of `variant`): how many variants before it in paper order sit at the same
+    (x, y) point; 0 for a point of its own, which is then drawn where it is."""
+    order = pk.variant_order(st["variant"])
+    key = lambda d: list(zip((d["median_x"] * xs).round(9), d["median"].round(9)))    # noqa: E731
+    before = {v: set(key(st[st["variant"] == v])) for v in order[:order.index(variant)]}
+    return np.array([sum(pt in pts for pts in before.values()) for pt in key(s)], dtype=float)
 
 
 def _sweep_lines(df, x, metrics, figure):

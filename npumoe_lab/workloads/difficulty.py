@@ -1,6 +1,6 @@
 """The calibrated difficulty of each task on the bundled tiny model: the settings the accuracy curve uses by default.
 
-Chosen so the dropless reference scores inside ~0.4-0.9 (issue 28): a saturated task (1.00) cannot show a loss and
+Chosen so the dropless reference scores inside ~0.4-0.9: a saturated task (1.00) cannot show a loss and
 one at chance cannot show anything. Prompt length 512 keeps the full curve (4 tasks x 12 plans x 300 samples)
 within the bench's 30 minutes on 2 cores; the difficulty comes from distractors, passage length and top-k instead.
 Reference scores are MEASURED on this repo's host (see README "Accuracy that can tell variants apart"); they

@@ -1,4 +1,4 @@
-"""Every bad input of issue 29 is one stderr line naming what is wrong and what to do, exit 2, nothing written;
+"""Every bad input is one stderr line naming what is wrong and what to do, exit 2, nothing written;
 a full disk (writes monkeypatched to raise ENOSPC) keeps what was computed (the table is printed before any file is
 written) and leaves no partial file or empty folder."""
 import errno

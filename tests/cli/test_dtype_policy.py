@@ -1,4 +1,4 @@
-"""One dtype policy (issue 29 item 1): calibrate, plan and run load the model in the same dtype (`--dtype auto`:
+"""One dtype policy: calibrate, plan and run load the model in the same dtype (`--dtype auto`:
 this CPU's fast dtype), and the model fingerprint does not depend on the dtype a run computes in, so README's
 calibrate -> plan -> run --plan works on a CPU with native bf16 and on one without (NPUMOE_CPU_FLAGS sets the
 flags), and across dtypes (calibrate --dtype fp32, run in bf16)."""

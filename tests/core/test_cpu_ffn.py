@@ -1,4 +1,4 @@
-"""Pre-packed CPU expert FFNs (npumoe_lab/core/cpu_ffn.py) and the executor's padding modes (issue 8).
+"""Pre-packed CPU expert FFNs (npumoe_lab/core/cpu_ffn.py) and the executor's padding modes.
 
 References: a NumPy re-implementation of the SwiGLU expert, HF's own eager experts forward, and the padded
 (every-slot) execution of the same plan."""

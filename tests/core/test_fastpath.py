@@ -1,4 +1,4 @@
-"""The CPU fast path (issue 8): reused buffers, in-place group FFN, bmm scatter, bmm-friendly weight layout.
+"""The CPU fast path: reused buffers, in-place group FFN, bmm scatter, bmm-friendly weight layout.
 
 References: HF's own eager experts forward (tiny Qwen3-MoE experts module) and the plain allocation path."""
 from types import SimpleNamespace

@@ -1,4 +1,4 @@
-"""Property tests of the static packing against a plain-Python reference (issue 3 acceptance)."""
+"""Property tests of the static packing against a plain-Python reference (acceptance)."""
 import numpy as np
 import torch
 from hypothesis import given, settings

@@ -1,4 +1,4 @@
-"""fit-device and validate-device (issue 26 items 3-4): parameter recovery on rows the model generates from known
+"""fit-device and validate-device: parameter recovery on rows the model generates from known
 parameters, the CLI writing a loadable fitted platform, validation outputs, and the one-line errors."""
 import numpy as np
 import pandas as pd

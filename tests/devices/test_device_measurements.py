@@ -1,5 +1,5 @@
 """Measurement rows as data: the schema's errors name file, row and what is wrong; the shipped rows obey the
-fit/validate rule; a row's work becomes the OpCost its numbers say (issue 26 item 1)."""
+fit/validate rule; a row's work becomes the OpCost its numbers say."""
 import pytest
 import yaml
 

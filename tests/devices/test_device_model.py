@@ -1,4 +1,4 @@
-"""The graph-level NPU cost structure, the vectorised pricer and platform specs (issue 26 items 2-3)."""
+"""The graph-level NPU cost structure, the vectorised pricer and platform specs."""
 import math
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Engine: static plans inside HF's forward, chunked prefill, padding, spill, errors (issue 4)."""
+"""Engine: static plans inside HF's forward, chunked prefill, padding, spill, errors."""
 import pytest
 import torch
 

@@ -10,6 +10,7 @@ from npumoe_lab.experiments.demo import run_demo
 from npumoe_lab.results.store import load_results
 from npumoe_lab.models import TINY_MODEL_DIR
 from npumoe_lab.utils import REPO_ROOT
+from tests.experiments.test_demo_summary import rows_sources, summary_sources
 
 
 def test_demo_end_to_end_on_one_cell(tmp_path, monkeypatch):
@@ -31,6 +32,8 @@ def test_demo_end_to_end_on_one_cell(tmp_path, monkeypatch):
     assert "## Paper scale, simulated" in text
     rows = load_results(out / "sweep")
     assert set(rows.variant) == {"reference", "npumoe-base", "npumoe"} and set(rows.platform) == {"cpu", "m2-max"}
+    assert summary_sources(text) == rows_sources(rows)             # each metric labelled as its rows say
+    assert summary_sources(text)[("npumoe", "cpu")][1] != "measured"   # energy: measured time x modeled power
     assert set(load_results(out / "paper-scale").geometry) == {"qwen3-30b-a3b", "phi-3.5-moe", "phi-tiny-moe"}
     figures = {p.name for p in (out / "figures").iterdir()}
     assert {"baselines.png", "baselines.pdf", "paper-scale-baselines.png", "paper-scale-ablation.pdf"} <= figures

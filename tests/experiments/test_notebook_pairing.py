@@ -1,4 +1,4 @@
-"""Notebooks open without dirtying git (issue 29 item 7): every notebook's .py and .ipynb are already in the form
+"""Notebooks open without dirtying git: every notebook's .py and .ipynb are already in the form
 jupytext (the JupyterLab extension, or `make notebooks`) writes, so `jupytext --sync` on a copy changes nothing."""
 import shutil
 import subprocess

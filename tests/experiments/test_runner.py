@@ -1,4 +1,4 @@
-"""`npumoe-lab run` end to end: every variant x {cpu measured, m2-max modeled} x prompt lengths x chunks (issue 4)."""
+"""`npumoe-lab run` end to end: every variant x {cpu measured, m2-max modeled} x prompt lengths x chunks."""
 import subprocess
 import sys
 

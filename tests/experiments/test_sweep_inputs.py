@@ -1,4 +1,4 @@
-"""Sweeps that never drop a grid axis or draw a failed cell (issue 29 item 3): a key given twice in a sweep YAML (a
+"""Sweeps that never drop a grid axis or draw a failed cell: a key given twice in a sweep YAML (a
 parameter, a grid entry, `grid:` itself) or in a routing spec is one line and exit 2 with nothing written; rows of
 failed or unfinished cells are not loaded by default; FAILED.json is written best-effort (a full disk does not
 crash the sweep); the baselines notebook sweeps over modeled platforms only."""

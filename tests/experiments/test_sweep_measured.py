@@ -1,4 +1,4 @@
-"""Measured cells of a multi-worker sweep run one at a time (issue 29 item 4): a cell timing this host's `cpu`
+"""Measured cells of a multi-worker sweep run one at a time: a cell timing this host's `cpu`
 platform never overlaps another cell, and one stderr line says so before the sweep starts."""
 import json
 

@@ -1,4 +1,4 @@
-"""Plan knobs defined once (issue 13): PlanKnobs validates, and the `plan`, `run` and `simulate` flags come from it."""
+"""Plan knobs defined once: PlanKnobs validates, and the `plan`, `run` and `simulate` flags come from it."""
 import argparse
 from dataclasses import fields
 

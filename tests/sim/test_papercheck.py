@@ -1,4 +1,4 @@
-"""The device model against the paper (issue 15): sensitivity cases and conclusions, paper-check quantities.
+"""The device model against the paper: sensitivity cases and conclusions, paper-check quantities.
 References: hand-built result frames, the platform YAML's own alternatives, and plain `simulate` runs."""
 import math
 

@@ -81,7 +81,7 @@ def test_rows_say_what_the_plan_did():
 
 
 def test_a_faster_npu_gives_npumoe_a_ttft_no_higher():
-    """The override of issue 26's platform syntax "m2-max[npu_throughput_flops=1.2e+13]", in Python."""
+    """The override of the platform syntax "m2-max[npu_throughput_flops=1.2e+13]", in Python."""
     plain = simulate("qwen3-30b-a3b", "synthetic:gini=0.6", "m2-max", "npumoe,anemll", 1024, 512)
     fast = simulate("qwen3-30b-a3b", "synthetic:gini=0.6", [get_platform("m2-max", npu_throughput_flops=1.2e13)],
                     "npumoe", 1024, 512)

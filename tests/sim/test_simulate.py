@@ -1,4 +1,4 @@
-"""Paper-scale simulation (issue 14): geometry-only models, routing sources, replay on the same engine.
+"""Paper-scale simulation: geometry-only models, routing sources, replay on the same engine.
 
 The reference for the replay is the real run: the bundled model prefilled through `run_prefill` (modeled M2 Max, real
 numerics) with its routing recorded; replaying that routing must give the same timeline metrics."""

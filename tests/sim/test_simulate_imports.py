@@ -1,4 +1,4 @@
-"""The simulate path needs no weights, so it must not pay torch's and transformers' import (issue 30: 4 s of a
+"""The simulate path needs no weights, so it must not pay torch's and transformers' import ( 4 s of a
 15.8 s command line). References: the modules a fresh interpreter holds after the command ran (sys.modules), the
 geometry transformers' own config builds, and a fresh routing draw."""
 import json

@@ -1,4 +1,4 @@
-"""The accuracy harness (issue 5): metrics against NumPy references, and `accuracy_report` end to end on a small
+"""The accuracy harness: metrics against NumPy references, and `accuracy_report` end to end on a small
 stand-in model (dropless variants must show no change; a pruning plan's row must be self-consistent)."""
 import numpy as np
 import pytest

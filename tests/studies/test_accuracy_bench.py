@@ -1,4 +1,4 @@
-"""The small version of the bench's full curve (bench/accuracy_curve.py, issue 28 item 5): worker processes, the
+"""The small version of the bench's full curve (bench/accuracy_curve.py): worker processes, the
 outputs, a second run reading every reference from the disk cache with the same rows, and --assemble-parts
 rebuilding the outputs from the workers' per-task files."""
 import os

@@ -91,7 +91,7 @@ def test_explorer_app_updates_from_code_and_draws_panels(tiny_lab):
         app.set(**kw)
         times.append(app.last_update_s)
     # the issue's budget: each update < 1 s on the bundled model (median, so one scheduler hiccup is not a failure);
-    # issue 30's 100 ms is measured by bench/explorer_update.py (a shared host's timing is no test)
+    # the 100 ms is measured by bench/explorer_update.py (a shared host's timing is no test)
     assert statistics.median(times) < 1.0, times
     panel = app._baselines               # updated in place: the same figure, its bars set to the new values
     fig = panel.fig

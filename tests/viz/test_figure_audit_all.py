@@ -56,7 +56,7 @@ def test_tune_front_passes_the_audit(tmp_path, monkeypatch):
 
 
 def test_variants_at_one_point_are_dodged_apart():
-    """Three dropless variants at (drop 0, delta 0) are three markers, not one (issue 29: 5 of 9 under one)."""
+    """Three dropless variants at (drop 0, delta 0) are three markers, not one ( 5 of 9 under one)."""
     import numpy as np
     from npumoe_lab.viz.plots import plot_accuracy
     rows = [dict(model="m", workload="w", variant=v, platform="m2-max", prompt_len=256, chunk=128, repeat=0,

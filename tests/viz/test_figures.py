@@ -67,6 +67,7 @@ def _bad_figure(n_legend=0, tiny_axes=False, overlap=False, timed=False, untitle
         ax.plot([0, 1], [i, i], label=f"line {i}")
     if n_legend:
         ax.legend()
+        ax.set_xlim(5, 6)         # the lines out of view: only the legend's size is at fault
     if overlap:
         ax.text(0.5, 0.5, "first label")
         ax.text(0.5, 0.5, "second label")

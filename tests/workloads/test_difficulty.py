@@ -1,4 +1,4 @@
-"""Difficulty knobs of the workloads (issue 28) and their calibrated defaults, against plain re-parsing of the
+"""Difficulty knobs of the workloads and their calibrated defaults, against plain re-parsing of the
 prompts and the held-out text."""
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def test_calibrated_defaults_and_overrides():
     assert set(TINY_DIFFICULTY) == {"ruler-multikey", "ruler-vt", "fewshot-cls", "lm-next"}
     for name, d in TINY_DIFFICULTY.items():
         assert set(d.options) <= set(workload_options(name))
-        assert d.ref_score is None or 0.4 <= d.ref_score <= 0.9     # the informative range (issue 28)
+        assert d.ref_score is None or 0.4 <= d.ref_score <= 0.9     # the informative range
         assert difficulty_for(name) == d
     moved = difficulty_for("ruler-multikey", 1024)
     assert moved.prompt_len == 1024 and moved.ref_score is None     # not calibrated there: no score claimed
