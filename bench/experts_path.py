@@ -53,7 +53,7 @@ def _step(name: str) -> str | None:
     return name if name in STEPS else None
 
 
-def step_table(model, plan, ids, peaks, repeats: int) -> list[str]:
+def step_table(model, plan, ids, peaks, repeats: int, chunk: int = 512) -> list[str]:
     """Markdown rows: the static path's steps (median over repeats of a measured-clock prefill) vs roofline."""
     import npumoe_lab as nl
     peak, bw = peaks
@@ -62,7 +62,7 @@ def step_table(model, plan, ids, peaks, repeats: int) -> list[str]:
     roof = dict.fromkeys(STEPS, 0.0)
     try:
         for r in range(repeats + 1):
-            res = nl.prefill(model, ids, chunk=512, platform="cpu", attention="cpu")
+            res = nl.prefill(model, ids, chunk=chunk, platform="cpu", attention="cpu")
             acc = dict.fromkeys(STEPS, 0.0)
             for e in res.events:
                 s = _step(e.name)
@@ -87,7 +87,8 @@ def step_table(model, plan, ids, peaks, repeats: int) -> list[str]:
     return rows
 
 
-def experts_in_prefill(model, tok, plan, prompts, repeats: int, peaks, checks: list | None = None) -> str:
+def experts_in_prefill(model, tok, plan, prompts, repeats: int, peaks, checks: list | None = None,
+                       chunk: int = 512) -> str:
     """The section of `make bench`: per prompt, whole prefill and experts-path medians of the three rows, the
     ratios, and the static path's step table."""
     import npumoe_lab as nl
@@ -111,7 +112,7 @@ def experts_in_prefill(model, tok, plan, prompts, repeats: int, peaks, checks: l
                     setups[name]()
                     timer.take()
                     t0 = time.perf_counter()
-                    chunked_prefill(model, ids, PrefillConfig.untimed(512), keep_logits=False)
+                    chunked_prefill(model, ids, PrefillConfig.untimed(chunk), keep_logits=False)
                     wall, exp = time.perf_counter() - t0, timer.take()
                     if r:
                         whole[name].append(wall)
@@ -134,10 +135,10 @@ def experts_in_prefill(model, tok, plan, prompts, repeats: int, peaks, checks: l
         record(checks, f"2-layer prefill {prompt}: whole prefill, static vs the faster HF", min(
             med_w["HF eager"], med_w["HF grouped_mm"]) / med_w[s], ">=", 1.0, info=True)
         if ratio < TARGET:
-            steps += [f"| {prompt} " + row for row in step_table(model, plan, ids, peaks, max(2, repeats // 2))]
+            steps += [f"| {prompt} " + row for row in step_table(model, plan, ids, peaks, max(2, repeats // 2), chunk)]
         print("\n".join(lines[-len(setups):]), flush=True)
     text = ("Experts path inside the prefill (forward hooks on each layer's `mlp.experts`; 2-layer Qwen3-30B-A3B "
-            f"geometry, chunk 512, untimed `chunked_prefill`, {repeats} interleaved repeats, medians, measured). "
+            f"geometry, chunk {chunk}, untimed `chunked_prefill`, {repeats} interleaved repeats, medians, measured). "
             "Speedup rows: HF rows = HF / static; the static row = the faster HF / static (target "
             f">= {TARGET}x on the experts path):\n\n" + "\n".join(lines))
     if steps:
