@@ -74,6 +74,9 @@ def batched_prefill(model, input_ids: torch.Tensor, config: PrefillConfig, keep_
     if layout is None:
         raise NpuMoeError("batched prefill needs a plan executor attached (npumoe_lab.attach(model, plan)); HF's "
                           "own experts pool the batch's tokens per expert, so a sequence would not run as alone")
+    if getattr(model._npumoe.executor, "monitor", None) is not None:
+        raise NpuMoeError("the attached executor has a drift monitor, which observes one prompt's chunks in order; "
+                          "prefill one prompt at a time (run_prefill) to monitor drift")
     layout.check_chunk(config.chunk)
     B, T = input_ids.shape
     chunk = config.chunk

@@ -36,29 +36,32 @@ def _quiet():
 
 def _unit(job):
     from npumoe_lab.sim.run import iter_simulation
-    geometry, chunk, kwargs = job
-    return [row for row, _ in iter_simulation(geometry, chunk=chunk, **kwargs)]
+    i, geometry, chunk, kwargs = job
+    return i, [row for row, _ in iter_simulation(geometry, chunk=chunk, **kwargs)]
 
 
-def parallel_rows(units: list, kwargs: dict, workers: int, make_bar=None) -> list | None:
+def parallel_rows(units: list, kwargs: dict, workers: int, make_bar=None, cost=None) -> list | None:
     """Rows of every (geometry, chunk) unit, in unit order, over `workers` forked processes; None where it does
     not pay or cannot run (one worker, fewer than MIN_UNITS units, no fork, inside a daemonic worker): the caller
-    runs sequentially. `make_bar()`: the progress bar, made after the fork (no bar thread is forked)."""
+    runs sequentially. `make_bar()`: the progress bar, made after the fork (no bar thread is forked). `cost[i]`:
+    unit i's expected work; the costliest start first (so no long unit is left for last on one core)."""
     n = min(int(workers), len(units))
     if n < 2 or len(units) < MIN_UNITS or "fork" not in mp.get_all_start_methods() or mp.current_process().daemon:
         return None
-    rows = []
+    order = sorted(range(len(units)), key=lambda i: -(cost[i] if cost is not None else 0))   # stable: ties in order
+    done = [None] * len(units)
     with mp.get_context("fork").Pool(n, initializer=_quiet) as pool:
         bar = make_bar() if make_bar is not None else None
         try:
-            for got in pool.imap(_unit, [(g, c, kwargs) for g, c in units], chunksize=1):
-                rows += got
+            jobs = [(i, *units[i], kwargs) for i in order]
+            for i, got in pool.imap_unordered(_unit, jobs, chunksize=1):
+                done[i] = got
                 if bar is not None:
                     bar.update(len(got))
         finally:
             if bar is not None:
                 bar.close()
-    return rows
+    return [row for got in done for row in got]                     # the sequential order
 
 
 __all__ = ["parallel_rows", "default_workers"]

@@ -186,14 +186,22 @@ def _parallel(geometry, routing, platforms, variants, prompt_len, chunk, weights
     units = [(g, c) for g in _list(geometry) for c in _list(chunk, int)]
     if min(workers, len(units)) < 2:
         return None
+    geos = {g: load_geometry(g, hf_config=False)[2] for g in _list(geometry)}
+    for g, c in units:                # the checks that differ by unit, in iter_simulation's order: its first error
+        for t in _list(prompt_len, int):
+            check_lengths(t, c)
+            check_context(geos[g].context, c, f"--chunk {c} for geometry {load_geometry(g, hf_config=False)[0]}")
+            check_context(geos[g].context, t, f"--prompt-len {t} for geometry {load_geometry(g, hf_config=False)[0]}")
     if isinstance(routing, str):      # the source's fit, once, inherited by the forked workers (_cached_source)
-        for g in _list(geometry):
-            _routing_source(routing, tuple(load_geometry(g, hf_config=False)[2].moe), seed)
+        for geo in geos.values():
+            _routing_source(routing, tuple(geo.moe), seed)
+    # a unit's work grows with its MoE layers' experts (plans, routing draws): the costliest start first
+    cost = [sum(s.n_experts for s in geos[g].moe) for g, _ in units]
     kwargs = dict(routing=routing, platforms=platforms, variants=variants, prompt_len=prompt_len, weights=weights,
                   seed=seed, draws=draws, engine=engine, **plan_knobs)
     n_rows = len(units) * len(_list(prompt_len, int)) * len(parse_variants(variants)) * len(
         platforms if isinstance(platforms, (list, tuple)) else _list(platforms))
-    return parallel_rows(units, kwargs, workers, lambda: progress(total=n_rows, desc="simulate"))
+    return parallel_rows(units, kwargs, workers, lambda: progress(total=n_rows, desc="simulate"), cost)
 
 
 def save_simulation(df: pd.DataFrame, timelines, out) -> list[Path]:
