@@ -35,7 +35,7 @@ def _quiet():
 
 
 def _unit(job):
-    from npumoe_lab.sim.run import iter_simulation
+    from npumoe_lab.sim.run import iter_simulation    # lazy: run.py imports this module (a cycle at the top)
     i, geometry, chunk, kwargs = job
     return i, [row for row, _ in iter_simulation(geometry, chunk=chunk, **kwargs)]
 
