@@ -5,6 +5,8 @@ import pytest
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.sim.run import simulate
 
+pytestmark = pytest.mark.slow       # whole curves / grids twice: the slow lane
+
 GRID = dict(geometry="phi-tiny-moe,qwen3-30b-a3b", platforms="m2-max,m2-ultra", variants="npumoe,cpu-only,npumoe-t",
             prompt_len="1024,2048", chunk="256,512")
 

@@ -7,6 +7,8 @@ from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.models import TINY_MODEL_DIR, load_model
 from npumoe_lab.studies.accuracy_curve import accuracy_curve
 
+pytestmark = pytest.mark.slow       # whole curves / grids twice: the slow lane
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
