@@ -38,7 +38,7 @@ bench: setup
 	$(BIN)/python bench/sim_grid.py --draws 200
 	$(BIN)/python bench/sim_scaling.py
 	$(BIN)/python bench/explorer_update.py --browser
-	$(BIN)/python bench/accuracy_curve.py $(ACCURACY_ARGS)
+	$(BIN)/python bench/accuracy_curve.py --slice 16 $(ACCURACY_ARGS)
 
 # the targets over ROUNDS fresh processes (median, range, rounds meeting each): ~2.5 min a round quiet
 ROUNDS ?= 5

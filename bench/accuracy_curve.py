@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pandas as pd  # noqa: E402
 
 from npumoe_lab.results.atomic import atomic_open  # noqa: E402
-from npumoe_lab.studies.accuracy_curve import DEFAULT_N, DEFAULT_PERCENTILES, DEFAULT_SALIENCY  # noqa: E402
+from npumoe_lab.studies.accuracy_curve import (DEFAULT_BATCH, DEFAULT_N, DEFAULT_PERCENTILES,  # noqa: E402
+                                               DEFAULT_SALIENCY)
 from npumoe_lab.workloads.difficulty import DEFAULT_TASKS  # noqa: E402
 
 TARGET_S = 30 * 60
@@ -135,7 +136,8 @@ def run(args) -> dict:
         return _reference_only(args, tasks, kwargs, progress)
     kwargs = dict(model=args.model, percentiles=[float(p) for p in args.percentiles.split(",")],
                   saliency=args.saliency.split(","), n=n, platform=args.platform, seed=args.seed,
-                  draws=args.draws, ref_cache=not args.no_ref_cache, calib_tokens=args.calib_tokens)
+                  draws=args.draws, ref_cache=not args.no_ref_cache, calib_tokens=args.calib_tokens,
+                  batch=args.batch)
     groups = [tasks[i::args.workers] for i in range(min(args.workers, len(tasks)))]
     total = len(tasks) * n * (1 + len(kwargs["percentiles"]) * len(kwargs["saliency"]))
     load0, t0 = os.getloadavg()[0], time.perf_counter()
@@ -156,6 +158,46 @@ def run(args) -> dict:
     if args.out:
         write_outputs(Path(args.out), rows, samples, wall)
     return report
+
+
+def slice_comparison(args) -> str:
+    """Batched vs one-at-a-time on the same slice (K samples of the first task, two plans), interleaved in this
+    process on one thread (process CPU seconds: what a quiet core takes; the host may be shared), every row and
+    per-sample outcome asserted equal."""
+    import tempfile
+
+    import torch
+    torch.set_num_threads(1)
+    from npumoe_lab.models import load_model
+    from npumoe_lab.studies.accuracy_curve import accuracy_curve
+    tiny = load_model(args.model)
+    kw = dict(model=tiny, workloads=(args.workload.split(",")[0],),
+              percentiles=[float(p) for p in args.percentiles.split(",")][-2:], saliency=args.saliency.split(",")[:1],
+              n=args.slice, platform=args.platform, seed=args.seed, draws=args.draws,
+              calib_tokens=args.calib_tokens, ref_cache=tempfile.mkdtemp(prefix="npumoe-slice-"))
+    accuracy_curve(batch=args.batch, bar=_NoBar(), **kw)          # references into the cache, warm
+    cpu, got = {1: [], args.batch: []}, {}
+    for r in range(3):
+        for b in ((1, args.batch) if r % 2 == 0 else (args.batch, 1)):
+            c0 = time.process_time()
+            got[b] = accuracy_curve(batch=b, bar=_NoBar(), **kw)
+            cpu[b].append(time.process_time() - c0)
+    keep = [c for c in got[1][0].columns if c not in ("created", "ref_cached")]
+    pd.testing.assert_frame_equal(got[1][0][keep], got[args.batch][0][keep], check_exact=True)
+    pd.testing.assert_frame_equal(got[1][1], got[args.batch][1], check_exact=True)
+    import statistics
+    c1, cb = statistics.median(cpu[1]), statistics.median(cpu[args.batch])
+    return (f"slice {kw['workloads'][0]} n = {args.slice} x {len(kw['percentiles'])} plans (references cached): "
+            f"one at a time {c1:.1f} s, batch {args.batch} {cb:.1f} s process CPU (medians of 3, interleaved, "
+            f"measured): {c1 / cb:.2f}x; rows and per-sample outcomes equal")
+
+
+class _NoBar:
+    def update(self, k=1):
+        pass
+
+    def close(self):
+        pass
 
 
 def write_outputs(out: Path, rows: pd.DataFrame, samples: pd.DataFrame, wall_s: float | None) -> None:
@@ -195,6 +237,11 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--calib-tokens", type=int, default=8192, help="calibration tokens of the plans (default 8192)")
     p.add_argument("--draws", type=int, default=200, help="parameter draws of the modeled TTFT's 90 %% interval")
+    p.add_argument("--batch", type=int, default=DEFAULT_BATCH,
+                   help=f"prompts prefilled together per plan (default {DEFAULT_BATCH}; 1: one at a time)")
+    p.add_argument("--slice", type=int, default=0, metavar="K",
+                   help="first, on K samples of the first task and two plans: the batched curve vs the one-at-a-time "
+                        "one side by side in this process (CPU seconds, equal results asserted); 0: skip")
     p.add_argument("--reference-only", action="store_true",
                    help="only the reference scores of the tasks' settings at n (the informative-range check)")
     p.add_argument("--no-ref-cache", action="store_true",
@@ -207,6 +254,8 @@ def main(argv=None) -> int:
     if args.assemble_parts:
         assemble_parts(args)
         return 0
+    if args.slice:
+        print(slice_comparison(args), flush=True)
     r = run(args)
     cpu = __import__("npumoe_lab.core.cpu_features", fromlist=["cpu_model"]).cpu_model()
     print(f"CPU: {cpu}; {r['workers']} worker processes x 1 thread; load average {r['load_before']:.1f} before, "

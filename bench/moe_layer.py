@@ -20,7 +20,8 @@ Routing: per-expert load shares from the bundled tiny model's calibration (`data
 shares stretched to E experts) or, without it, a Zipf-like fallback; each token draws K distinct experts.
 Roofline = max(useful FLOPs / measured dense GEMM peak, weights of the experts touched / measured read bandwidth),
 useful FLOPs = 6*H*I per routed assignment. Timings are medians over interleaved repeats (variants rotate each
-repeat so machine noise hits them alike). `--only calib|prefill` runs bench/prefill.py's parts.
+repeat so machine noise hits them alike). `--only calib|prefill` runs bench/prefill.py's parts; `--only experts`
+the experts path timed inside the 2-layer prefill (static vs HF eager vs HF grouped_mm, bench/experts_path.py).
 
     .venv/bin/python bench/moe_layer.py          # acceptance set: qwen3 geometry, the CPU's fast dtype, chunks 512 2048,
                                                  # calib, prefill, policy (bench/policy.py)
@@ -383,7 +384,7 @@ def provenance(threads) -> str:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="all", help="comma list of layer, calib, prefill, policy, or 'all'")
+    p.add_argument("--only", default="all", help="comma list of layer, calib, prefill, policy, experts, or 'all'")
     p.add_argument("--geometry", default="qwen3-30b-a3b", help=f"comma list of {list(GEOMETRIES)} or 'all'")
     p.add_argument("--chunks", default="512,2048", help="tokens per chunk (comma list)")
     p.add_argument("--dtypes", default="auto",
@@ -414,7 +415,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     from npumoe_lab.core.cpu_features import dtype_name, fast_dtype
     args.dtypes = ",".join(dtype_name(fast_dtype()) if d == "auto" else d for d in args.dtypes.split(","))
-    only = {"layer", "calib", "prefill", "policy"} if args.only == "all" else set(args.only.split(","))
+    only = {"layer", "calib", "prefill", "policy", "experts"} if args.only == "all" else set(args.only.split(","))
     import policy
     checks = []          # the targets as data (--json)
     cpu = policy.cpu_line(DTYPES[args.dtypes.split(",")[0]])
@@ -453,6 +454,13 @@ def main(argv=None):
                                               args.repeats, checks=checks)]
         del model
         report += ["", policy.fp16_groups(dtype, min(args.repeats, 3), checks=checks)]
+    if "experts" in only:    # the experts path alone inside the same prefill (bench/experts_path.py)
+        import experts_path
+        dtype = DTYPES[args.dtypes.split(",")[0]]
+        model, tok, plans = policy.two_layer_setup(dtype, smoke=args.geometry == "smoke")
+        report += ["", experts_path.experts_in_prefill(model, tok, plans[0], [int(p) for p in args.prompts.split(",")],
+                                                       args.repeats, measure_peaks(dtype), checks=checks)]
+        del model
     text = "\n".join(report)
     print(text)
     if args.out:

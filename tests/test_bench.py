@@ -129,3 +129,25 @@ def test_rounds_pools_kept_batches(tmp_path, capsys):
         rounds.main(["--from", str(tmp_path / "a")])
     err = capsys.readouterr().err
     assert "round9.json: not a readable round" in err and "rounds-notes" not in err
+
+
+def test_experts_path_inside_the_prefill_smoke(monkeypatch):
+    """bench/experts_path.py on a small model: three rows per prompt, the hooks' experts time inside each prefill,
+    the check recorded with the table's own ratio, and the step table whenever the target is missed."""
+    import experts_path
+    import policy
+    torch.set_num_threads(1)
+    monkeypatch.setenv("NPUMOE_NO_PROGRESS", "1")
+    model, tok, plans = policy.two_layer_setup(torch.float32, chunk=64, tokens=256, smoke=True)
+    checks = []
+    text = experts_path.experts_in_prefill(model, tok, plans[0], [128], 1, (1e11, 1e10), checks=checks, chunk=64)
+    names = ["HF eager", "HF grouped_mm", "static plan (padding skipped)"]
+    rows = [r for r in (ln.split(" | ") for ln in text.splitlines() if ln.startswith("| 128 | ")) if r[1] in names]
+    assert [r[1] for r in rows] == names
+    for r in rows:
+        wall, inside = float(r[2]), float(r[3])
+        assert 0 < inside < wall, r
+    target = next(c for c in checks if not c["info"])
+    assert f"{target['value']:.2f}x" == rows[2][5]
+    assert ("| 128 | groups |" in text) == (not target["holds"])
+    assert getattr(model, "_npumoe", None) is None       # the model is left detached

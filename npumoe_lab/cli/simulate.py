@@ -48,7 +48,7 @@ def _simulate(a) -> int:
     t0 = time.perf_counter()
     df, timelines = simulate_with_timelines(a.geometry, a.routing, a.platforms, a.variants, a.prompt_len, a.chunk,
                                             a.weights, a.seed, a.timeline, draws=a.draws,
-                                            engine=a.engine, **knobs)
+                                            engine=a.engine, workers=a.workers, **knobs)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 400):
         print(summary_table(df))
         sp = ratios(df, "ttft_s")
@@ -90,5 +90,8 @@ def register_cli(sub) -> None:
                         "default 200)")
     p.add_argument("--engine", default="array", choices=("array", "ops"),
                    help="array: op streams as arrays (fast, default); ops: the per-op replay (the reference)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes over the grid's (geometry, chunk) units, the same rows (default: the cores this "
+                        "process may use; 1: in one process)")
     p.add_argument("--out", default="results/simulate", help="results folder (default results/simulate)")
     p.set_defaults(func=_simulate)

@@ -21,7 +21,7 @@ from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.planning.layout import ExecutionLayout
 from npumoe_lab.core.numerics import EmulatedFp16Weights, emulated_group_ffn, npu_layer_weights
 from npumoe_lab.core.numerics import select as select_npu
-from npumoe_lab.execution.ops import ChunkContext, Op, current_chunk
+from npumoe_lab.execution.ops import BatchChunkContext, ChunkContext, Op, current_chunk
 from npumoe_lab.core.packing import (Layout, Workspace, group_ffn, group_ffn_into, pack,
                       plan_dispatch, run_groups, scatter)
 from npumoe_lab.core.saliency import check_rule, saliency_scores
@@ -179,6 +179,13 @@ class PlanExecutor:
     def __call__(self, handle, hidden, top_k_index, top_k_weights):
         """HF's experts forward (through experts.py): the current chunk's context, or an untimed one."""
         ctx = current_chunk()
+        if isinstance(ctx, BatchChunkContext):   # B sequences: each one exactly as the unbatched path runs it
+            L, y = ctx.length, torch.empty_like(hidden)
+            for b, sub in enumerate(ctx.sequences()):
+                rows = slice(b * L, (b + 1) * L)
+                y[rows] = self.execute(handle.layer, hidden[rows], top_k_index[rows], top_k_weights[rows], sub,
+                                       handle=handle)      # copied at once: execute may return a reused buffer
+            return y
         if ctx is None:
             T = hidden.shape[0]
             ctx = ChunkContext(index=0, past=0, n_real=T, length=T, clock=NullClock())

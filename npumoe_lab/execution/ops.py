@@ -66,6 +66,20 @@ class ChunkContext:
         return torch.arange(self.length) >= self.n_real
 
 
+@dataclass
+class BatchChunkContext(ChunkContext):
+    """One chunk of B independent, equally long sequences prefilled together (rows b*length ... (b+1)*length of
+    the experts' input are sequence b). The executor runs each sequence on its own (its own capacities, drops and
+    padding, its own clock in `clocks`): a batch is never pooled. `clock` records what the B share (hooks)."""
+    clocks: tuple = ()
+
+    def sequences(self) -> list[ChunkContext]:
+        """The per-sequence contexts (the unbatched path's, each with its sequence's clock)."""
+        return [ChunkContext(index=self.index, past=self.past, n_real=self.n_real, length=self.length, clock=c,
+                             numerics=self.numerics, dtype_bytes=self.dtype_bytes,
+                             npu_weight_bytes=self.npu_weight_bytes) for c in self.clocks]
+
+
 _CURRENT: contextvars.ContextVar[ChunkContext | None] = contextvars.ContextVar("npumoe_chunk", default=None)
 
 
@@ -83,4 +97,4 @@ def chunk_scope(ctx: ChunkContext):
         _CURRENT.reset(token)
 
 
-__all__ = ["Op", "OP_KINDS", "ChunkContext", "current_chunk", "chunk_scope"]
+__all__ = ["Op", "OP_KINDS", "ChunkContext", "BatchChunkContext", "current_chunk", "chunk_scope"]

@@ -39,6 +39,7 @@ from npumoe_lab.sim.geometries import load_geometry
 from npumoe_lab.sim.array_replay import interval_columns, stream_metrics, summarize_stream
 from npumoe_lab.sim.pricing import array_priced, draws_source, parameter_draws
 from npumoe_lab.sim.stream import StreamExecutor, build_stream, routing_counts
+from npumoe_lab.sim.parallel import default_workers, parallel_rows
 from npumoe_lab.sim.routing import parse_routing
 
 WEIGHT_FORMATS = {"fp16": {}, "int8": {"npu_weight_bytes": "int8"}}   # -> platform override of the NPU's weights
@@ -142,12 +143,12 @@ def _priced(stream, platform, draws) -> StreamResult:
 
 def simulate(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="m2-max", variants="all",
              prompt_len=1024, chunk=512, weights: str = "fp16", seed: int = 0, out=None, timeline: bool = False,
-             draws: int = 0, engine: str = "array", **plan_knobs) -> pd.DataFrame:
+             draws: int = 0, engine: str = "array", workers: int = 1, **plan_knobs) -> pd.DataFrame:
     """Simulate every combination; returns (and writes to `out`) one row per (geometry, platform, variant,
     prompt length, chunk). Comma lists or lists for geometry, platforms (names or Platform objects, e.g. with
     overrides), variants, prompt_len and chunk."""
     df, timelines = simulate_with_timelines(geometry, routing, platforms, variants, prompt_len, chunk, weights, seed,
-                                            timeline, draws=draws, engine=engine, **plan_knobs)
+                                            timeline, draws=draws, engine=engine, workers=workers, **plan_knobs)
     if out is not None:
         save_simulation(df, timelines, out)
     return df
@@ -155,8 +156,19 @@ def simulate(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="
 
 def simulate_with_timelines(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="m2-max",
                             variants="all", prompt_len=1024, chunk=512, weights: str = "fp16", seed: int = 0,
-                            timeline: bool = False, draws: int = 0, engine: str = "array", **plan_knobs):
-    """(rows, the per-op timelines or None): simulate() without writing (the CLI prints before it writes)."""
+                            timeline: bool = False, draws: int = 0, engine: str = "array", workers: int = 1,
+                            **plan_knobs):
+    """(rows, the per-op timelines or None): simulate() without writing (the CLI prints before it writes).
+    `workers`: processes over the grid's (geometry, chunk) units (sim/parallel.py: the same rows; 1: in this
+    process, the default; None: the cores this process may use); timelines are built in this process."""
+    workers = default_workers() if workers is None else workers
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise NpuMoeError(f"workers={workers!r}: give a whole number of worker processes >= 1 (1: in this process)")
+    if not timeline and workers > 1:
+        rows = _parallel(geometry, routing, platforms, variants, prompt_len, chunk, weights, seed, draws, engine,
+                         workers, plan_knobs)
+        if rows is not None:
+            return pd.DataFrame(rows), None
     rows, frames = [], []
     for row, res in iter_simulation(geometry, routing, platforms, variants, prompt_len, chunk, weights, seed,
                                     draws=draws, engine="ops" if timeline else engine, **plan_knobs):
@@ -166,6 +178,30 @@ def simulate_with_timelines(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.
                                                       model=row["model"], prompt_len=row["prompt_len"],
                                                       chunk_size=row["chunk"], sample=0))
     return pd.DataFrame(rows), (pd.concat(frames, ignore_index=True) if frames else None)
+
+
+def _parallel(geometry, routing, platforms, variants, prompt_len, chunk, weights, seed, draws, engine, workers,
+              plan_knobs):
+    """The rows over worker processes, or None (sequential) where parallel_rows declines."""
+    units = [(g, c) for g in _list(geometry) for c in _list(chunk, int)]
+    if min(workers, len(units)) < 2:
+        return None
+    geos = {g: load_geometry(g, hf_config=False)[2] for g in _list(geometry)}
+    for g, c in units:                # the checks that differ by unit, in iter_simulation's order: its first error
+        for t in _list(prompt_len, int):
+            check_lengths(t, c)
+            check_context(geos[g].context, c, f"--chunk {c} for geometry {load_geometry(g, hf_config=False)[0]}")
+            check_context(geos[g].context, t, f"--prompt-len {t} for geometry {load_geometry(g, hf_config=False)[0]}")
+    if isinstance(routing, str):      # the source's fit, once, inherited by the forked workers (_cached_source)
+        for geo in geos.values():
+            _routing_source(routing, tuple(geo.moe), seed)
+    # a unit's work grows with its MoE layers' experts (plans, routing draws): the costliest start first
+    cost = [sum(s.n_experts for s in geos[g].moe) for g, _ in units]
+    kwargs = dict(routing=routing, platforms=platforms, variants=variants, prompt_len=prompt_len, weights=weights,
+                  seed=seed, draws=draws, engine=engine, **plan_knobs)
+    n_rows = len(units) * len(_list(prompt_len, int)) * len(parse_variants(variants)) * len(
+        platforms if isinstance(platforms, (list, tuple)) else _list(platforms))
+    return parallel_rows(units, kwargs, workers, lambda: progress(total=n_rows, desc="simulate"), cost)
 
 
 def save_simulation(df: pd.DataFrame, timelines, out) -> list[Path]:

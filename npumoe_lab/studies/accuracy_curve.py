@@ -32,6 +32,7 @@ from npumoe_lab.execution.experts import attach, detach
 from npumoe_lab.results.metrics import bootstrap_ci
 from npumoe_lab.models import load_model, model_fingerprint
 from npumoe_lab.planning.plan import variant_plan
+from npumoe_lab.execution.batched import batched_prefill
 from npumoe_lab.execution.runtime import PrefillConfig, check_context, run_prefill
 from npumoe_lab.core.saliency import check_rule
 from npumoe_lab.results.stats import change_statement, clopper_pearson, paired_exact
@@ -51,6 +52,7 @@ DEFAULT_PERCENTILES = (50.0, 70.0, 80.0, 90.0, 95.0, 100.0)
 DEFAULT_SALIENCY = ("weight_x_norm", "random")
 DEFAULT_N = 300
 DEFAULT_DRAWS = 200          # parameter draws behind the TTFT interval (as `simulate` / `run`)
+DEFAULT_BATCH = 8            # prompts prefilled together per plan (bench/accuracy_curve.py measured the choice)
 
 
 def check_curve_inputs(percentiles, saliency, n, workloads, variant) -> None:
@@ -134,13 +136,17 @@ def reference_scan(model="tiny", workloads=DEFAULT_TASKS, prompt_len=None, diffi
 def accuracy_curve(model="tiny", workloads=DEFAULT_TASKS, prompt_len=None, difficulty=None,
                    percentiles=DEFAULT_PERCENTILES, saliency=DEFAULT_SALIENCY, n=DEFAULT_N, platform="m2-max",
                    chunk=256, variant="npumoe-tg", seed=0, calib_workload="mixed", calib_tokens=8192,
-                   draws=DEFAULT_DRAWS, ref_cache=True, on_task=None, bar=None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(rows, per-sample outcomes). `difficulty`: {task: {option: value}} over the calibrated settings;
+                   draws=DEFAULT_DRAWS, ref_cache=True, on_task=None, bar=None, batch=DEFAULT_BATCH
+                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(rows, per-sample outcomes). `batch`: prompts prefilled together per plan (execution/batched.py: every
+    outcome equals the one-at-a-time path's; 1: one at a time); `difficulty`: {task: {option: value}} over the calibrated settings;
     `draws`: parameter draws for the modeled TTFT's 90 % interval (0: none); `ref_cache`: read / write the
     reference records on disk (accuracy_cache.py; a folder: there instead of the workbench cache);
     `on_task(rows, samples)` is called after each task (incremental writes); `bar`: a progress bar to update."""
     percentiles = [float(p) for p in percentiles]
     check_curve_inputs(percentiles, saliency, n, workloads, variant)
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+        raise NpuMoeError(f"batch must be an integer >= 1 (prompts prefilled together); got {batch!r}")
     if isinstance(draws, bool) or not isinstance(draws, (int, np.integer)) or draws < 0:
         raise NpuMoeError(f"draws must be an integer >= 0 (parameter draws of the TTFT interval); got {draws!r}")
     plat = get_platform(platform)
@@ -166,8 +172,7 @@ def accuracy_curve(model="tiny", workloads=DEFAULT_TASKS, prompt_len=None, diffi
         for (rule, p), plan in plans.items():
             attach(m, plan, spill=v.spill, npu_dtype=config.npu_dtype)
             outs, ttft, per_draw, dropped, routed, padded, slots = [], [], [], 0, 0, 0, 0
-            for i, (s, ref) in enumerate(zip(samples, refs)):
-                res = run_prefill(m, torch.tensor([s.input_ids]), config)
+            for i, (s, ref, res) in enumerate(_prefills(m, samples, refs, config, batch)):
                 o = plan_outcome(m, tok, s, wl, res, ref)
                 outs.append(o)
                 ttft.append(res.summary["ttft_s"])
@@ -195,6 +200,27 @@ def accuracy_curve(model="tiny", workloads=DEFAULT_TASKS, prompt_len=None, diffi
     table = pd.DataFrame(rows)
     table["model_fingerprint"] = model_fingerprint(m)[:16]
     return table, pd.DataFrame(per_sample)
+
+
+def _prefills(m, samples, refs, config, batch: int):
+    """(sample, reference, PrefillResult) in sample order: `batch` equally long prompts at a time through
+    batched_prefill (each sequence exactly as alone), one at a time where batch = 1, the platform is measured or a
+    prompt's length is its own."""
+    if batch <= 1 or config.measured:
+        for s, ref in zip(samples, refs):
+            yield s, ref, run_prefill(m, torch.tensor([s.input_ids]), config)
+        return
+    i = 0
+    while i < len(samples):
+        j = i + 1
+        while j < len(samples) and j - i < batch and len(samples[j].input_ids) == len(samples[i].input_ids):
+            j += 1
+        ids = torch.tensor([s.input_ids for s in samples[i:j]])
+        results = batched_prefill(m, ids, config) if j - i > 1 else [run_prefill(m, ids, config)]
+        for k, res in enumerate(results):
+            yield samples[i + k], refs[i + k], res
+            results[k] = None              # each sequence's logits and cache freed once scored
+        i = j
 
 
 def _row(model, wname, wl, d, rule, p, plan, plat, chunk, variant, refs, outs, ttft, dropped, routed, padded,
