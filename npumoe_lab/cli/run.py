@@ -4,6 +4,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 from npumoe_lab.cli.common import add_dtype_argument
+from npumoe_lab.cli.decode_flags import add_decode_arguments, check_decode_args
 from npumoe_lab.cli.knob_flags import add_knob_arguments, knobs_from_args
 from npumoe_lab.cli.output import writes
 
@@ -18,6 +19,7 @@ def _run(a) -> int:
     from npumoe_lab.results.stats import change_statement
     from npumoe_lab.results.store import write_rows
     knobs = knobs_from_args(a)
+    check_decode_args(a)
     # rows are written after the table is printed (a full disk cannot lose them); timelines are written by the run
     early = a.out if a.timeline else None
     with writes(a.out, "the rows must be rerun") if early else nullcontext():
@@ -25,9 +27,10 @@ def _run(a) -> int:
                             prompt_len=a.prompt_len, chunk=a.chunk, plan=a.plan, repeats=a.repeats,
                             n_samples=a.n_samples, seed=a.seed, out=early, calib_workload=a.calib_workload,
                             calib_tokens=a.calib_tokens, timeline=a.timeline, npu_backend=a.npu_backend,
-                            threads=a.threads, dtype=a.dtype, drift=a.drift, draws=a.draws, **knobs)
+                            threads=a.threads, dtype=a.dtype, drift=a.drift, draws=a.draws,
+                            decode_tokens=a.decode_tokens, decode_policy=a.decode_policy, **knobs)
     cols = ["variant", "platform", "timing_source", "ttft_s", "ttft_iqr_s", "host_busy", "energy_per_token_mj",
-            "cpu_busy_s", "n_npu_calls", "drop_rate", "pad_rate", "score", "accuracy_delta"]
+            "cpu_busy_s", "n_npu_calls", "drop_rate", "pad_rate", "tpot_s", "e2e_s", "score", "accuracy_delta"]
     print(median_table(df, [c for c in cols if c in df.columns]))
     for r in df.drop_duplicates(["variant", "platform"]).itertuples():
         if r.variant != "reference" and pd.notna(getattr(r, "accuracy_lost", None)):
@@ -63,6 +66,7 @@ def register_cli(sub) -> None:
     p.add_argument("--calib-workload", default="mixed", help="calibration text: a workload, a domain or 'mixed'")
     p.add_argument("--calib-tokens", type=int, default=8192, help="calibration tokens (default 8192)")
     add_knob_arguments(p, with_defaults=False)       # unset: the plan's / variant's own knobs
+    add_decode_arguments(p)
     p.add_argument("--timeline", action="store_true", help="also write the per-op timeline")
     p.add_argument("--npu-backend", default=None, choices=["torch", "onnxruntime", "coreml"],
                    help="what runs resident groups on a measured platform (default: torch in process)")

@@ -65,7 +65,7 @@ def _step_forward(model, token, cache, length: int, pad_token_id: int):
 def run_decode(model, prefill, config: PrefillConfig, n_tokens: int, policy: str = "pipeline",
                measure_hf_experts: bool | None = None) -> DecodeResult:
     """`n_tokens` greedy steps after `prefill` (a PrefillResult with logits and cache) under `policy`, timed on
-    `config.platform` with its own clock; `result.summary`: decode_s (the steps' makespan), energy_j, cpu_cycles,
+    `config.platform` with its own clock; the prefill's cache is cropped back to the prompt afterwards; `result.summary`: decode_s (the steps' makespan), energy_j, cpu_cycles,
     drop_rate over the steps' routed assignments, ..."""
     check_decode(n_tokens, policy)
     if prefill.logits is None or prefill.past_key_values is None:
@@ -101,6 +101,9 @@ def run_decode(model, prefill, config: PrefillConfig, n_tokens: int, policy: str
         hooks.remove()
         if previous is not None:
             set_executor(model, previous)
+        extra = cache.get_seq_length() - T      # the prefill's cache as it was (scoring reads it after the decode)
+        if extra > 0:
+            cache.crop(-extra)
     wall = time.perf_counter() - t_start
     res = DecodeResult(torch.cat(tokens, 1), schedule(clock.events, config.platform.npu_shares_cpu), clock.stats,
                        clock.ops, wall, policy)
@@ -140,4 +143,21 @@ def greedy_generate(model, input_ids: torch.Tensor, n_new: int, attention_mask: 
     return torch.cat(out_tokens, 1) if out_tokens else input_ids.new_zeros((B, 0))
 
 
-__all__ = ["DecodeResult", "run_decode", "decode_summary", "greedy_generate"]
+
+
+def reprice_decode(ops, stats, config: PrefillConfig, geometry: ModelGeometry, n_tokens: int):
+    """(decode_summary, the repriced ops) of a decode's recorded ops priced on `config`'s modeled platform (no forward): the LM head of
+    every step costed as a modeled run costs it (a measured run records it as leftover wall time)."""
+    clock = config.clock()
+    if config.measured:
+        raise NpuMoeError("reprice_decode prices ops on a modeled platform; a measured one needs its own forward")
+    for op, deps, wall in ops:
+        if op.kind == "other":
+            ctx = config.chunk_context(op.chunk, config.chunk, clock)
+            op = geometry.rest_op(ctx, last=True, measured=False)
+        clock.record(op, wall, deps)
+    return decode_summary(schedule(clock.events, config.platform.npu_shares_cpu), config.platform, n_tokens, stats), \
+        clock.ops
+
+
+__all__ = ["DecodeResult", "run_decode", "decode_summary", "greedy_generate", "reprice_decode"]

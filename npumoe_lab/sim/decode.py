@@ -144,15 +144,33 @@ def e2e_columns(prefill: dict, decode: dict, n_tokens: int, policy: str, prefill
                e2e_source=combined_source([prefill["timing_source"], decode["decode_timing_source"]]),
                energy_e2e_source=combined_source([prefill["energy_source"], decode["decode_energy_source"]]),
                cycles_e2e_source=combined_source([prefill["cycles_source"], decode["decode_cycles_source"]]))
-    if prefill_draws is not None and decode_draws is not None:
-        per = dict(tpot_s=decode_draws["ttft_s"] / n_tokens, e2e_s=prefill_draws["ttft_s"] + decode_draws["ttft_s"],
-                   energy_e2e_mj=(prefill_draws["energy_j"] + decode_draws["energy_j"]) * 1e3,
-                   cpu_cycles_e2e=prefill_draws["cpu_cycles"] + decode_draws["cpu_cycles"])
-        for k, v in per.items():
-            lo, hi = np.percentile(v, INTERVAL)
-            out[f"{k}_lo"], out[f"{k}_hi"] = float(lo), float(hi)
+    per = e2e_draws(prefill_draws, decode_draws, n_tokens)
+    return {**out, **(e2e_interval([per]) if per is not None else {})}
+
+
+E2E_METRICS = ("tpot_s", "e2e_s", "energy_e2e_mj", "cpu_cycles_e2e")
+
+
+def e2e_draws(prefill_draws: dict | None, decode_draws: dict | None, n_tokens: int) -> dict | None:
+    """{e2e metric: (D,) array}: each draw's prefill plus the same draw's decode (None without both)."""
+    if prefill_draws is None or decode_draws is None:
+        return None
+    return dict(tpot_s=decode_draws["ttft_s"] / n_tokens, e2e_s=prefill_draws["ttft_s"] + decode_draws["ttft_s"],
+                energy_e2e_mj=(prefill_draws["energy_j"] + decode_draws["energy_j"]) * 1e3,
+                cpu_cycles_e2e=prefill_draws["cpu_cycles"] + decode_draws["cpu_cycles"])
+
+
+def e2e_interval(per_sample: list) -> dict:
+    """`{metric}_lo` / `_hi` of the e2e metrics: the 90 % interval of the samples' mean, draw by draw ({} when a
+    sample has no draws)."""
+    if not per_sample or any(m is None for m in per_sample):
+        return {}
+    out = {}
+    for k in E2E_METRICS:
+        lo, hi = np.percentile(np.mean([m[k] for m in per_sample], axis=0), INTERVAL)
+        out[f"{k}_lo"], out[f"{k}_hi"] = float(lo), float(hi)
     return out
 
 
 __all__ = ["DECODE_SEED", "decode_executor", "decode_routing", "replay_decode", "step_counts", "decode_stream",
-           "stream_decode_summary", "e2e_columns"]
+           "stream_decode_summary", "e2e_columns", "e2e_draws", "e2e_interval", "E2E_METRICS"]
