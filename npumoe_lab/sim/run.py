@@ -39,8 +39,8 @@ from npumoe_lab.sim.geometries import load_geometry
 from npumoe_lab.sim.array_replay import interval_columns, stream_metrics, summarize_stream
 from npumoe_lab.sim.pricing import array_priced, draws_source, parameter_draws
 from npumoe_lab.sim.stream import StreamExecutor, build_stream, routing_counts
-from npumoe_lab.sim.decode import decode_routing, decode_stream, e2e_columns, replay_decode, step_counts, \
-    stream_decode_summary
+from npumoe_lab.sim.decode import decode_routing, decode_stream, e2e_columns, e2e_draws, replay_decode, \
+    step_counts, stream_decode_summary
 from npumoe_lab.execution.decode_policy import DEFAULT_DECODE_TOKENS, check_decode
 from npumoe_lab.sim.routing import parse_routing
 
@@ -154,6 +154,8 @@ def _decode_array(geo, executor, counts, prompt_len, chunk, policy, configs, pri
     for (p, d), (summary, pre) in zip(priced, prefill):
         dm = stream_metrics(stream, d, p.npu_shares_cpu) if d is not None else None
         out.append(e2e_columns(summary, stream_decode_summary(stream, p), n, policy, pre, dm))
+        if pre is not None and dm is not None:      # the e2e metrics per draw beside the prefill's (paper-check)
+            pre.update(e2e_draws(pre, dm, n))
     return out
 
 
