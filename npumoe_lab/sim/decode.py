@@ -64,7 +64,7 @@ def _rows(step: dict, layer: int, length: int):
 def replay_decode(geometry, executor, config, steps: list, prompt_len: int, policy: str, also_on=()) -> list:
     """Per config (config, *also_on): (clock after the steps, decode summary) of len(steps) decode steps."""
     from npumoe_lab.execution.decode import decode_summary      # lazy: torch, for the per-op replay only
-    from npumoe_lab.sim.replay import replay_forward
+    from npumoe_lab.sim.replay import replay_forward         # lazy: torch (replay.py), for the per-op replay only
     check_decode(len(steps), policy)
     dec, clock = decode_executor(executor, policy), config.clock()
     L = step_length(policy, config.chunk)
