@@ -1,6 +1,7 @@
 """The paper grid simulated: 3 geometries x 2 platforms x 9 variants x prompts 1024/4096 x chunks
 256/512/1024 = 324 rows through `npumoe_lab.simulate` (routing sampled, op streams as arrays, no weights, times
-modeled). Prints the wall time and the process CPU time (the host is shared: CPU time is what a quiet core takes),
+modeled; each row with 8 greedy decode steps, `--decode-tokens`, and their cost beside prefill-only rows, target
+<= 1.2x). Prints the wall time and the process CPU time (the host is shared: CPU time is what a quiet core takes),
 rows per second and the CPU it ran on (model, flags). Targets: one draw <= 10 s on 2 cores; 200 parameter draws
 (the 90 % intervals) <= 60 s. `--repeats N` runs each N times and reports the median; `--engine ops` times the
 per-op reference path instead. `--platforms` replaces the grid's two platforms (names, platform YAMLs, overrides),
@@ -108,8 +109,13 @@ def main(argv=None) -> int:
                     help=f"comma list of platform specs (default {GRID['platforms']}; e.g. fitted YAMLs)")
     ap.add_argument("--cli-repeats", type=int, default=3,
                     help="runs of the grid's simulate command line per draw count (median; 0: skip)")
+    ap.add_argument("--decode-tokens", type=int, default=8,
+                    help="greedy decode steps of every row (default 8, the paper's; 0: prefill only)")
+    ap.add_argument("--decode-repeats", type=int, default=3,
+                    help="interleaved runs of the grid at --decode-tokens and at 0 for their CPU-time ratio "
+                         "(median; target <= 1.2x; 0: skip)")
     a = ap.parse_args(argv)
-    grid = {**GRID, "platforms": a.platforms}
+    grid = {**GRID, "platforms": a.platforms, "decode_tokens": a.decode_tokens}
     load0 = os.getloadavg()[0]
     print(cpu_line())
     print(f"# platforms: {a.platforms}")
@@ -117,6 +123,15 @@ def main(argv=None) -> int:
     print(f"paper grid: {len(df)} rows in {wall:.1f} s wall, {cpu:.1f} s process CPU (median of {a.repeats}: "
           f"{', '.join(f'{t:.1f}' for t in walls)} s wall), {len(df) / wall:.1f} rows/s; engine {a.engine}; "
           f"load average {load0:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; target <= 10 s")
+    if a.decode_repeats > 0 and a.decode_tokens:
+        both = {0: [], a.decode_tokens: []}
+        for _ in range(a.decode_repeats):          # side by side, interleaved: the shared host's load hits both
+            for n in both:
+                both[n].append(timed(lambda: simulate(routing=a.routing, engine=a.engine, **{**grid,
+                                                      "decode_tokens": n}), 1)[2])
+        cpu0, cpu_n = statistics.median(both[0]), statistics.median(both[a.decode_tokens])
+        print(f"paper grid with --decode-tokens {a.decode_tokens} vs prefill only (0): {cpu_n:.1f} s vs {cpu0:.1f} s "
+              f"process CPU (median of {a.decode_repeats}, interleaved) = {cpu_n / cpu0:.2f}x; target <= 1.2x")
     if a.draws:
         dd, wall_d, cpu_d, _ = timed(lambda: simulate(routing=a.routing, draws=a.draws, engine=a.engine, **grid),
                                      a.repeats)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from npumoe_lab.cli.decode_flags import add_decode_arguments, check_decode_args
 from npumoe_lab.cli.output import save_png, writes
 
 
@@ -13,17 +14,23 @@ def _paper_check(a) -> int:
     from npumoe_lab.sim.figures import paper_check_figure
     from npumoe_lab.sim.claim_sobol import sobol_lines
     from npumoe_lab.sim.papercheck import GRID, fitted_platforms, markdown, paper_check, side_by_side
+    from npumoe_lab.sim.papercheck_e2e import e2e_markdown, e2e_table
     from npumoe_lab.viz import figcheck
+    check_decode_args(a)
     t0 = time.perf_counter()
     fits = fitted_platforms(GRID["platforms"], a.fitted) if a.fitted else {}
     sobol = a.sobol if a.draws else 0
-    table, sens, df = paper_check(a.routing, a.seed, not a.no_sensitivity, draws=a.draws, sobol=sobol)
+    dec = dict(decode_tokens=a.decode_tokens, decode_policy=a.decode_policy, with_metrics=True)
+    table, sens, df, metrics = paper_check(a.routing, a.seed, not a.no_sensitivity, draws=a.draws, sobol=sobol, **dec)
     out = Path(a.out)
     text = markdown(table, sens, a.routing) + "\n".join(sobol_lines(table.attrs.get("claims_sobol", []))) + "\n"
-    ftable = fdf = None
+    ftable = fdf = fmetrics = None
     if fits:                   # the same check on the fitted platforms, side by side
-        ftable, _, fdf = paper_check(a.routing, a.seed, False, platform_map=fits, draws=a.draws, sobol=sobol)
+        ftable, _, fdf, fmetrics = paper_check(a.routing, a.seed, False, platform_map=fits, draws=a.draws,
+                                               sobol=sobol, **dec)
         text += side_by_side(table, ftable, fits) + "\n".join(sobol_lines(ftable.attrs.get("claims_sobol", []))) + "\n"
+    etable = e2e_table(df, metrics, fdf, fmetrics)
+    text += "\n" + e2e_markdown(etable)
     print(text + f"\n{len(table)} quantities in {time.perf_counter() - t0:.0f} s", flush=True)   # before any write
     with writes(out, "the table is printed above"):
         write_rows(df, out / "grid")
@@ -33,10 +40,11 @@ def _paper_check(a) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "PAPERCHECK.md").write_text(text)
         table.to_csv(out / "paper_check.csv", index=False)
+        etable.to_csv(out / "paper_check_e2e.csv", index=False)
         fig = paper_check_figure(table)
         figcheck.record("paper-check", fig)
         save_png(fig, out / "paper_check.png")
-    print(f"written to {out} (PAPERCHECK.md, paper_check.csv, paper_check.png, grid/)")
+    print(f"written to {out} (PAPERCHECK.md, paper_check.csv, paper_check_e2e.csv, paper_check.png, grid/)")
     return 0
 
 
@@ -55,5 +63,6 @@ def register_cli(sub) -> None:
     p.add_argument("--sobol", type=int, default=128,
                    help="Saltelli base sample N of each claim's Sobol indices and its 'to settle' line (a power of "
                         "two; 0: none; default 128)")
+    add_decode_arguments(p)
     p.add_argument("--out", default="results/paper-check", help="folder (default results/paper-check)")
     p.set_defaults(func=_paper_check)

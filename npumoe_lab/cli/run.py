@@ -4,6 +4,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 from npumoe_lab.cli.common import add_dtype_argument, cells, int_list, list_help, name_list, positive
+from npumoe_lab.cli.decode_flags import add_decode_arguments, check_decode_args
 from npumoe_lab.cli.knob_flags import add_knob_arguments, knobs_from_args
 from npumoe_lab.cli.output import writes
 
@@ -70,6 +71,7 @@ def _run(a) -> int:
     from npumoe_lab.results.stats import change_statement
     from npumoe_lab.results.store import write_rows
     knobs = knobs_from_args(a)
+    check_decode_args(a)
     # rows are written after the table is printed (a full disk cannot lose them); timelines are written by the run
     early = a.out if a.timeline else None
     frames, model = [], (_loaded(a.model, a.dtype) if len(grid) > 1 else a.model)
@@ -82,10 +84,12 @@ def _run(a) -> int:
                                          calib_workload=a.calib_workload, calib_tokens=a.calib_tokens,
                                          timeline=a.timeline, npu_backend=a.npu_backend, threads=threads,
                                          dtype=a.dtype, drift=a.drift, draws=a.draws,
+                                         decode_tokens=a.decode_tokens, decode_policy=a.decode_policy,
                                          model_name=str(a.model), **c, **knobs))
     df = pd.concat(frames, ignore_index=True)
     cols = ["variant", "platform", "timing_source", "ttft_s", "ttft_s_lo", "ttft_s_hi", "ttft_iqr_s", "host_busy",
-            "energy_per_token_mj", "cpu_busy_s", "n_npu_calls", "drop_rate", "pad_rate", "score", "accuracy_delta"]
+            "energy_per_token_mj", "cpu_busy_s", "n_npu_calls", "drop_rate", "pad_rate", "tpot_s", "e2e_s", "score",
+            "accuracy_delta"]
     for c, cell in zip(grid, frames):    # ttft_s_lo/hi: the 90 % interval (modeled: over parameter draws)
         if len(grid) > 1:
             print(f"\n{c['workload']}, prompt_len {c['prompt_len']}, chunk {c['chunk']}:")
@@ -124,6 +128,7 @@ def register_cli(sub) -> None:
     p.add_argument("--calib-workload", default="mixed", help="calibration text: a workload, a domain or 'mixed'")
     p.add_argument("--calib-tokens", type=int, default=8192, help="calibration tokens (default 8192)")
     add_knob_arguments(p, with_defaults=False)       # unset: the plan's / variant's own knobs
+    add_decode_arguments(p)
     p.add_argument("--timeline", action="store_true", help="also write the per-op timeline")
     p.add_argument("--npu-backend", default=None, choices=["torch", "onnxruntime", "coreml"],
                    help="what runs resident groups on a measured platform (default: torch in process)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from npumoe_lab.cli.decode_flags import add_decode_arguments, check_decode_args
 from npumoe_lab.cli.knob_flags import add_knob_arguments, knobs_from_args
 from npumoe_lab.cli.output import writes
 from npumoe_lab.utils import REPO_ROOT
@@ -45,10 +46,12 @@ def _simulate(a) -> int:
     from npumoe_lab.sim.report import ratios
     from npumoe_lab.sim.run import save_simulation, simulate_with_timelines
     knobs = knobs_from_args(a)
+    check_decode_args(a)
     t0 = time.perf_counter()
     df, timelines = simulate_with_timelines(a.geometry, a.routing, a.platforms, a.variants, a.prompt_len, a.chunk,
                                             a.weights, a.seed, a.timeline, draws=a.draws,
-                                            engine=a.engine, workers=a.workers, **knobs)
+                                            engine=a.engine, workers=a.workers, decode_tokens=a.decode_tokens,
+                                            decode_policy=a.decode_policy, **knobs)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 400):
         print(summary_table(df))
         sp = ratios(df, "ttft_s")
@@ -84,6 +87,7 @@ def register_cli(sub) -> None:
                    help="NPU weight storage: fp16, or int8 dequantized on the NPU (half the bytes streamed)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled routing (default 0)")
     add_knob_arguments(p, with_defaults=False)       # unset: each variant's plan defaults
+    add_decode_arguments(p)
     p.add_argument("--timeline", action="store_true", help="also write the per-op timelines")
     p.add_argument("--draws", type=int, default=200,
                    help="parameter draws for the 90%% interval columns (*_lo/_hi) (the platform's posterior, else a prior from its sourced alternatives; 0: none; "

@@ -200,8 +200,11 @@ def draw_figures(out: Path) -> list[Path]:
     for prof in profiles:
         name = "popularity" if len(profiles) == 1 else f"popularity-{prof.name}"
         figs += save_figure(plot_popularity_heatmap(prof, vmax=top), out / "figures", name)
+    from npumoe_lab.viz.end_to_end import plot_e2e  # lazy, as above
     for plat, g in load_results(out / "sweep").groupby("platform"):
         figs += save_figure(plot_baselines(g), out / "figures", f"baselines-{plat}")
+        if "e2e_s" in g and g.e2e_s.notna().any():      # rows with decode steps: e2e as prefill + decode
+            figs += save_figure(plot_e2e(g[g.e2e_s.notna()]), out / "figures", f"e2e-{plat}")
     return figs
 
 

@@ -39,6 +39,9 @@ from npumoe_lab.workloads import get_workload
 from npumoe_lab.workloads.scoring import evaluate_sample
 from npumoe_lab.experiments import interleave
 from npumoe_lab.experiments.shared_numerics import Numerics, numerics_key, remodel
+from npumoe_lab.execution.decode import reprice_decode, run_decode
+from npumoe_lab.execution.decode_policy import DEFAULT_DECODE_TOKENS, check_decode
+from npumoe_lab.sim.decode import e2e_columns, e2e_draws, e2e_interval
 from npumoe_lab.results.store import knob_columns, write_rows, write_timeline
 
 MEASURED_REPEATS = 3   # default repeats of a measured platform (median and IQR need several); modeled: 1
@@ -82,6 +85,7 @@ class _Variant:
     prior: list | None               # per sample Numerics of an equal-numerics run already done (to reuse)
     per_rep: list = field(default_factory=list)    # per repeat: per sample summary dicts
     per_draw: list = field(default_factory=list)   # per repeat: per sample metrics under the parameter draws
+    per_e2e: list = field(default_factory=list)    # per repeat: per sample e2e metrics under the draws (decode)
     acc: list = field(default_factory=list)        # per sample: score, ref_score, nll, agreement
     mine: list = field(default_factory=list)       # per sample Numerics of this run
     load: HostLoad = field(default_factory=HostLoad)
@@ -109,6 +113,9 @@ class _Run:
     refs: list = field(default_factory=list)        # per sample (ReferenceLogits, reference score)
     shared: dict = field(default_factory=dict)      # numerics key -> per sample Numerics
     drawn: dict | None = None                       # this platform's parameter draws (modeled), or None
+    decode_tokens: int = 0                          # greedy decode steps after each prefill (0: prefill only)
+    decode_policy: str = "pipeline"
+    decoded: dict = field(default_factory=dict)     # (numerics key, sample) -> the decode's (ops, stats)
 
     @staticmethod
     def resolve(model, workload, variants, platforms, prompt_len, chunk, plan, repeats, n_samples, seed, model_name,
@@ -175,6 +182,9 @@ class _Run:
                 res = chunked_prefill(self.model, ids, config)
             else:
                 res = run_prefill(self.model, ids, config, measure_hf_experts=True)
+                if self.decode_tokens:        # before scoring: the decode crops the cache back to the prompt
+                    d = run_decode(self.model, res, config, self.decode_tokens, self.decode_policy, True)
+                    self.decoded[(numerics_key(ref_v, None, config), len(self.refs))] = (d.ops, d.stats)
             self.refs.append((ReferenceLogits(res.logits), self.score(s, res)))   # prepared once for every variant
             numerics.append(Numerics(ref_plat.name if ref_plat else None, res.ops, res.stats, res.wall_s,
                                      self.refs[-1][1], logit_agreement(self.refs[-1][0], res.logits)))
@@ -213,6 +223,7 @@ class _Run:
         for p in prepared:
             p.per_rep = [[] for _ in range(reps)]
             p.per_draw = [[] for _ in range(reps)]
+            p.per_e2e = [[] for _ in range(reps)]
         for r in range(reps):
             for i, s in enumerate(self.samples):
                 ids = torch.tensor([s.input_ids])
@@ -223,14 +234,21 @@ class _Run:
                         res = remodel(src, config, geometry, n_tokens=len(s.input_ids))
                         res.summary["numerics_from"] = src.platform
                         ops = src.ops
+                        dec = self._decode(p, i, res, geometry, plat, None) if self.decode_tokens else {}
                     else:
                         interleave.restore(self.model, p.snapshot)
                         with p.load.measuring():
                             res = run_prefill(self.model, ids, config, measure_hf_experts=v.experts == "hf")
+                            dec = self._decode(p, i, res, geometry, plat, self.model) if self.decode_tokens else {}
                         ops = res.ops
                     res.summary.update(plan_columns(p.layout, res.events, plat, n_experts))   # what the plan did
                     p.per_rep[r].append(res.summary)
-                    p.per_draw[r].append(ops_draw_metrics(ops, plat, len(s.input_ids), self.drawn))
+                    pre = ops_draw_metrics(ops, plat, len(s.input_ids), self.drawn)
+                    p.per_draw[r].append(pre)
+                    if self.decode_tokens:
+                        res.summary.update(e2e_columns(res.summary, dec["summary"], self.decode_tokens,
+                                                       self.decode_policy))
+                        p.per_e2e[r].append(e2e_draws(pre, dec["draws"], self.decode_tokens))
                     if timeline and r == 0:
                         tl_frames.append(to_frame(res.events, res.ops).assign(
                             variant=v.name, platform=plat.label, sample=i, model=self.name,
@@ -246,6 +264,18 @@ class _Run:
                     bar.update(1)
         for p in prepared:
             self.shared.setdefault(p.key, p.mine)
+
+    def _decode(self, p, i, res, geometry, plat, model) -> dict:
+        """The decode after sample i's prefill: run for real (`model`, the prefill's cache) or, sharing numerics,
+        its recorded ops repriced on `plat`; {summary, draws (metrics under the platform's draws or None)}."""
+        key = (p.key, i)
+        if model is not None:
+            d = run_decode(model, res, p.config, self.decode_tokens, self.decode_policy, p.variant.experts == "hf")
+            self.decoded.setdefault(key, (d.ops, d.stats))
+            summary, ops = d.summary, d.ops
+        else:
+            summary, ops = reprice_decode(*self.decoded[key], p.config, geometry, self.decode_tokens)
+        return dict(summary=summary, draws=ops_draw_metrics(ops, plat, self.decode_tokens, self.drawn))
 
     def rows(self, plat, prepared: list[_Variant], workload, prompt_len, npu_backend, seed, prov) -> list[dict]:
         """Step 6: one result row per variant and repeat (accuracy over the samples, timing per repeat)."""
@@ -282,6 +312,8 @@ class _Run:
                     row[col] = m[col].mean() if pd.api.types.is_numeric_dtype(m[col]) else m[col].iloc[0]
                 if self.drawn is not None:
                     row.update(mean_interval(p.per_draw[r]), interval_source=draws_source(plat))
+                    if self.decode_tokens:
+                        row.update(e2e_interval(p.per_e2e[r]))
                 rows.append(row)
         return rows
 
@@ -291,6 +323,7 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
                    prompt_len=1024, chunk=256, plan=None, repeats=None, n_samples=4, seed=0, out=None,
                    calib_workload="mixed", calib_tokens=8192, timeline=False, model_name=None, warmup=1,
                    npu_backend=None, dtype=None, share_numerics=True, drift=False, draws: int = 0,
+                   decode_tokens: int = DEFAULT_DECODE_TOKENS, decode_policy: str = "pipeline",
                    **plan_knobs) -> pd.DataFrame:
     """Run every (variant, platform) on the workload's samples; returns (and writes to `out`) result rows.
     `repeats=None`: MEASURED_REPEATS on a measured platform (variants interleaved, host load recorded, median
@@ -300,13 +333,17 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
     the CPU's flags. A modeled platform reuses the forward of a run with the same numerics (shared_numerics.py;
     `share_numerics=False`: every row from its own forward). `drift=True`: plan variants run with a drift monitor
     against the calibration profile (drift.py; columns drift_*); each row then comes from its own forward.
+    `decode_tokens` N >= 1: after each prefill N greedy decode steps under `decode_policy` (execution/decode.py;
+    the e2e columns, sim/decode.py); 0: prefill-only rows.
 
     The steps: resolve the inputs -> calibrate -> the reference prefill per sample -> per platform: each variant's
     plan and configuration, then every sample x variant x repeat prefilled -> rows."""
     share_numerics = share_numerics and not drift     # a monitor observes the forward it is attached to
     PlanKnobs.check_names(plan_knobs)
+    check_decode(decode_tokens, decode_policy)
     run = _Run.resolve(model, workload, variants, platforms, prompt_len, chunk, plan, repeats, n_samples, seed,
                        model_name, dtype, plan_knobs)
+    run.decode_tokens, run.decode_policy = decode_tokens, decode_policy
     profile = run.calibrate(calib_workload, calib_tokens, seed)
     run.reference()
     rows, tl_frames = [], []

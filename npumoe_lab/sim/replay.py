@@ -32,32 +32,39 @@ def replay_prefill(geometry: ModelGeometry, executor: PlanExecutor | None, confi
     if len(routing) < n_chunks:
         raise NpuMoeError(f"the routing covers {len(routing)} chunks but a prompt of {prompt_len} tokens in chunks "
                           f"of {config.chunk} needs {n_chunks}")
-    clock, role, moe = config.clock(), config.attention, geometry.moe_layers
+    clock = config.clock()
     for c in range(n_chunks):
         s = c * config.chunk
         ctx = config.chunk_context(c, min(config.chunk, prompt_len - s), clock, numerics=False)
-        for layer in range(geometry.n_layers):
-            clock.record(geometry.attention_op(layer, ctx, role), 0.0)
-            spec = moe.get(layer)
-            if spec is None:
-                continue
-            shared = spec.n_shared_experts > 0
-            if shared and geometry.shared_first:
-                clock.record(geometry.shared_op(layer, ctx, role), 0.0)
-            clock.record(geometry.router_op(layer, ctx), 0.0)
-            # the engine's numerics take tensors; sampled routing is NumPy (as_tensor shares its memory)
-            idx, w, norms = (None if x is None else torch.as_tensor(x) for x in routing[c][layer])
-            if executor is None:
-                cost = dynamic_experts_cost(idx, torch.ones_like(idx, dtype=torch.bool), spec.hidden,
-                                            spec.intermediate, ctx.dtype_bytes)
-                clock.record(Op("experts", "experts_hf", "cpu", layer, c, cost), 0.0)
-            else:
-                executor.execute(layer, None, idx, w, ctx, norms=norms)
-            if shared and not geometry.shared_first:
-                clock.record(geometry.shared_op(layer, ctx, role), 0.0)
-        clock.record(geometry.rest_op(ctx, last=s + config.chunk >= prompt_len, measured=False), 0.0)
+        replay_forward(geometry, executor, ctx, routing[c], config.attention, last=s + config.chunk >= prompt_len)
     out = []
     for cfg in (config, *also_on):
         c = clock if cfg is config else clock.repriced(cfg.platform)
         out.append(finish(PrefillResult(None, None, c.events, c.stats, 0.0, ops=c.ops), cfg, n_tokens=prompt_len))
     return out
+
+
+def replay_forward(geometry: ModelGeometry, executor, ctx, routed: dict, role: str, last: bool) -> None:
+    """The ops of one forward (a prefill chunk or a decode step) routed as `routed` ({layer: (top_k_index,
+    top_k_weights, norms)}), recorded on `ctx.clock` in the order a real forward's hooks and executor record them."""
+    clock, moe, c = ctx.clock, geometry.moe_layers, ctx.index
+    for layer in range(geometry.n_layers):
+        clock.record(geometry.attention_op(layer, ctx, role), 0.0)
+        spec = moe.get(layer)
+        if spec is None:
+            continue
+        shared = spec.n_shared_experts > 0
+        if shared and geometry.shared_first:
+            clock.record(geometry.shared_op(layer, ctx, role), 0.0)
+        clock.record(geometry.router_op(layer, ctx), 0.0)
+        # the engine's numerics take tensors; sampled routing is NumPy (as_tensor shares its memory)
+        idx, w, norms = (None if x is None else torch.as_tensor(x) for x in routed[layer])
+        if executor is None:
+            cost = dynamic_experts_cost(idx, torch.ones_like(idx, dtype=torch.bool), spec.hidden,
+                                        spec.intermediate, ctx.dtype_bytes)
+            clock.record(Op("experts", "experts_hf", "cpu", layer, c, cost), 0.0)
+        else:
+            executor.execute(layer, None, idx, w, ctx, norms=norms)
+        if shared and not geometry.shared_first:
+            clock.record(geometry.shared_op(layer, ctx, role), 0.0)
+    clock.record(geometry.rest_op(ctx, last=last, measured=False), 0.0)

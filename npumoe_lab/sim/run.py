@@ -40,6 +40,9 @@ from npumoe_lab.sim.array_replay import interval_columns, stream_metrics, summar
 from npumoe_lab.sim.pricing import array_priced, draws_source, parameter_draws
 from npumoe_lab.sim.stream import StreamExecutor, build_stream, routing_counts
 from npumoe_lab.sim.parallel import default_workers, parallel_rows
+from npumoe_lab.sim.decode import decode_routing, decode_stream, e2e_columns, e2e_draws, replay_decode, \
+    step_counts, stream_decode_summary
+from npumoe_lab.execution.decode_policy import DEFAULT_DECODE_TOKENS, check_decode
 from npumoe_lab.sim.routing import parse_routing
 
 WEIGHT_FORMATS = {"fp16": {}, "int8": {"npu_weight_bytes": "int8"}}   # -> platform override of the NPU's weights
@@ -141,14 +144,32 @@ def _priced(stream, platform, draws) -> StreamResult:
     return StreamResult(stream, platform, {**summary, **interval_columns(metrics)}, metrics)
 
 
+def _decode_array(geo, executor, counts, prompt_len, chunk, policy, configs, priced, prefill) -> list:
+    """Per platform, the e2e columns (sim/decode.py) of the decode steps counted as `counts`: one array stream
+    priced on each. `priced`: (platform, its parameter draws or None); `prefill`: (summary, metrics under the same
+    draws or None) of each platform's prefill, so the e2e intervals pair each draw's prefill with its decode."""
+    n = counts.n_chunks
+    stream = decode_stream(geo, executor, counts, prompt_len, chunk, policy, attention=configs[0].attention,
+                           dtype_bytes=configs[0].dtype_bytes, npu_weight_bytes=configs[0].npu_weight_bytes)
+    out = []
+    for (p, d), (summary, pre) in zip(priced, prefill):
+        dm = stream_metrics(stream, d, p.npu_shares_cpu) if d is not None else None
+        out.append(e2e_columns(summary, stream_decode_summary(stream, p), n, policy, pre, dm))
+        if pre is not None and dm is not None:      # the e2e metrics per draw beside the prefill's (paper-check)
+            pre.update(e2e_draws(pre, dm, n))
+    return out
+
+
 def simulate(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="m2-max", variants="all",
              prompt_len=1024, chunk=512, weights: str = "fp16", seed: int = 0, out=None, timeline: bool = False,
-             draws: int = 0, engine: str = "array", workers: int = 1, **plan_knobs) -> pd.DataFrame:
+             draws: int = 0, engine: str = "array", workers: int = 1, decode_tokens: int = DEFAULT_DECODE_TOKENS,
+             decode_policy: str = "pipeline", **plan_knobs) -> pd.DataFrame:
     """Simulate every combination; returns (and writes to `out`) one row per (geometry, platform, variant,
     prompt length, chunk). Comma lists or lists for geometry, platforms (names or Platform objects, e.g. with
     overrides), variants, prompt_len and chunk."""
     df, timelines = simulate_with_timelines(geometry, routing, platforms, variants, prompt_len, chunk, weights, seed,
-                                            timeline, draws=draws, engine=engine, workers=workers, **plan_knobs)
+                                            timeline, draws=draws, engine=engine, workers=workers,
+                                            decode_tokens=decode_tokens, decode_policy=decode_policy, **plan_knobs)
     if out is not None:
         save_simulation(df, timelines, out)
     return df
@@ -157,7 +178,7 @@ def simulate(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="
 def simulate_with_timelines(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="m2-max",
                             variants="all", prompt_len=1024, chunk=512, weights: str = "fp16", seed: int = 0,
                             timeline: bool = False, draws: int = 0, engine: str = "array", workers: int = 1,
-                            **plan_knobs):
+                            decode_tokens: int = DEFAULT_DECODE_TOKENS, decode_policy: str = "pipeline", **plan_knobs):
     """(rows, the per-op timelines or None): simulate() without writing (the CLI prints before it writes).
     `workers`: processes over the grid's (geometry, chunk) units (sim/parallel.py: the same rows; 1: in this
     process, the default; None: the cores this process may use); timelines are built in this process."""
@@ -165,13 +186,15 @@ def simulate_with_timelines(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise NpuMoeError(f"workers={workers!r}: give a whole number of worker processes >= 1 (1: in this process)")
     if not timeline and workers > 1:
+        check_decode(decode_tokens, decode_policy)
         rows = _parallel(geometry, routing, platforms, variants, prompt_len, chunk, weights, seed, draws, engine,
-                         workers, plan_knobs)
+                         workers, {**plan_knobs, "decode_tokens": decode_tokens, "decode_policy": decode_policy})
         if rows is not None:
             return pd.DataFrame(rows), None
     rows, frames = [], []
     for row, res in iter_simulation(geometry, routing, platforms, variants, prompt_len, chunk, weights, seed,
-                                    draws=draws, engine="ops" if timeline else engine, **plan_knobs):
+                                    draws=draws, engine="ops" if timeline else engine, decode_tokens=decode_tokens,
+                                    decode_policy=decode_policy, **plan_knobs):
         rows.append(row)
         if timeline:
             frames.append(to_frame(res.events).assign(variant=row["variant"], platform=row["platform"],
@@ -213,10 +236,13 @@ def save_simulation(df: pd.DataFrame, timelines, out) -> list[Path]:
 
 
 def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=1024, chunk=512, weights="fp16",
-                    seed=0, draws: int = 0, engine: str = "array", **plan_knobs):
+                    seed=0, draws: int = 0, engine: str = "array", decode_tokens: int = DEFAULT_DECODE_TOKENS,
+                    decode_policy: str = "pipeline", **plan_knobs):
     """(row, result) per combination; everything is checked before the first. result: engine "ops" a
-    PrefillResult with its scheduled events; "array" a StreamResult (op stream + summary)."""
+    PrefillResult with its scheduled events; "array" a StreamResult (op stream + summary). `decode_tokens` N >= 1
+    adds N greedy decode steps under `decode_policy` (sim/decode.py: the e2e columns); 0: prefill-only rows."""
     PlanKnobs.check_names(plan_knobs)
+    check_decode(decode_tokens, decode_policy)
     if engine not in ENGINES:
         raise NpuMoeError(f"engine {engine!r}: use one of {', '.join(ENGINES)}")
     if isinstance(draws, bool) or not isinstance(draws, int) or draws < 0:
@@ -252,7 +278,10 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
     try:
         for name, _, geo in geos:
             src, specs = sources[name], list(geo.moe)
+            dsteps = decode_routing(src, specs, decode_tokens, seed)
             for c in chunks:
+                dcounts = step_counts(dsteps, specs, decode_policy, c) if dsteps and (engine == "array" or draws) \
+                    else None
                 profile = src.calibration_profile(specs, c, seed)
                 # per variant: platforms whose plans have the same layout share one op stream, priced on each
                 memo = {}
@@ -268,17 +297,35 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
                                                       dtype_bytes=configs[0].dtype_bytes,
                                                       npu_weight_bytes=configs[0].npu_weight_bytes)
                                 results = [_priced(stream, p, drawn.get(id(p))) for p, _ in members]
+                                decoded = _decode_array(geo, executor, dcounts, t, c, decode_policy, configs,
+                                                        [(p, drawn.get(id(p))) for p, _ in members],
+                                                        [(r.summary, r.draws) for r in results]) if dsteps else None
                             else:
                                 results = replay_prefill(geo, executor, configs[0], routed, t, also_on=configs[1:])
                                 if draws:     # the interval from the same ops as arrays (a test holds them equal)
                                     stream = build_stream(geo, executor, counts, attention=v.attention,
                                                           dtype_bytes=configs[0].dtype_bytes,
                                                           npu_weight_bytes=configs[0].npu_weight_bytes)
-                                    for res, (p, _) in zip(results, members):
-                                        res.summary.update(interval_columns(stream_metrics(
-                                            stream, drawn[id(p)], p.npu_shares_cpu)))
-                            for (plat, plan), res in zip(members, results):
+                                    pre_draws = [stream_metrics(stream, drawn[id(p)], p.npu_shares_cpu)
+                                                 for p, _ in members]
+                                    for res, m in zip(results, pre_draws):
+                                        res.summary.update(interval_columns(m))
+                                decoded = None
+                                if dsteps:   # the point values op by op; with draws the intervals from arrays
+                                    dec = replay_decode(geo, executor, configs[0], dsteps, t, decode_policy,
+                                                        also_on=configs[1:])
+                                    decoded = [e2e_columns(res.summary, d, decode_tokens, decode_policy)
+                                               for res, (_, d) in zip(results, dec)]
+                                    if draws:
+                                        arr = _decode_array(geo, executor, dcounts, t, c, decode_policy, configs,
+                                                            [(p, drawn[id(p)]) for p, _ in members],
+                                                            [(r.summary, m) for r, m in zip(results, pre_draws)])
+                                        for row, a in zip(decoded, arr):
+                                            row.update({k: v for k, v in a.items() if k.endswith(("_lo", "_hi"))})
+                            for k, ((plat, plan), res) in enumerate(zip(members, results)):
                                 bar.update(1)
+                                if decoded is not None:
+                                    res.summary.update(decoded[k])
                                 fp = plan_columns(None if executor is None else executor.layout,
                                                   res.stream if isinstance(res, StreamResult) else res.events, plat,
                                                   sum(s.n_experts for s in specs))

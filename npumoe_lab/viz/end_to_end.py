@@ -1,0 +1,47 @@
+"""End-to-end latency per variant as stacked prefill (TTFT) + decode (e2e_s - ttft_s), the decode policy and token
+count in each panel's title; one panel per (model, platform, prompt length, chunk); whiskers: the 90 % interval of
+e2e_s over parameter draws where the rows have one. Rows without decode columns (decode_tokens 0) are an error."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.viz.plot_helpers import VARIANT_ORDER
+
+PANEL = ["model", "platform", "prompt_len", "chunk"]
+
+
+def plot_e2e(df: pd.DataFrame):
+    """The figure (matplotlib Figure) of the rows' e2e_s stacked as prefill + decode per variant (medians)."""
+    if "e2e_s" not in df.columns or df["e2e_s"].isna().all():
+        raise NpuMoeError("the rows have no e2e_s: run or simulate with --decode-tokens N >= 1 (default 8)")
+    keys = [k for k in PANEL if k in df.columns]
+    panels = list(df.groupby(keys, sort=True)) if keys else [((), df)]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(6.4, 0.35 * len(VARIANT_ORDER) * len(panels) + 0.9),
+                             squeeze=False)
+    for ax, (key, sub) in zip(axes[:, 0], panels):
+        cols = ["ttft_s", "e2e_s"] + [c for c in ("e2e_s_lo", "e2e_s_hi") if c in sub.columns]
+        m = sub.groupby("variant")[cols].median()
+        m = m.reindex([v for v in VARIANT_ORDER if v in m.index] + [v for v in m.index if v not in VARIANT_ORDER])
+        y = range(len(m))
+        ax.barh(y, m.ttft_s, color="#4c72b0", label="prefill (TTFT)")
+        ax.barh(y, m.e2e_s - m.ttft_s, left=m.ttft_s, color="#dd8452", label="decode")
+        if "e2e_s_lo" in m:
+            ax.errorbar(m.e2e_s, y, xerr=[(m.e2e_s - m.e2e_s_lo).clip(lower=0), (m.e2e_s_hi - m.e2e_s).clip(lower=0)],
+                        fmt="none", ecolor="black", lw=0.8, capsize=2, label="e2e 90 % interval")
+        ax.set_yticks(list(y), m.index)
+        ax.invert_yaxis()
+        src = "/".join(sorted(sub["e2e_source"].dropna().unique())) if "e2e_source" in sub else "?"
+        key = key if isinstance(key, tuple) else (key,)
+        where = ", ".join(f"{k} {v}" for k, v in zip(keys, key))
+        ax.set_title(f"{where}\n{int(sub.decode_tokens.iloc[0])} decode tokens, policy "
+                     f"{sub.decode_policy.iloc[0]} ({src.upper()})", fontsize=8)
+        ax.set_xlabel("end-to-end latency (s)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0, 0].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+__all__ = ["plot_e2e"]
