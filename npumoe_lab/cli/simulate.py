@@ -6,6 +6,7 @@ import time
 
 from npumoe_lab.cli.knob_flags import add_knob_arguments, knobs_from_args
 from npumoe_lab.cli.output import writes
+from npumoe_lab.cli.operating_point import add_operating_point_argument
 from npumoe_lab.utils import REPO_ROOT
 
 WEIGHT_FORMATS = ("fp16", "int8")    # = sim.run.WEIGHT_FORMATS (not imported: torch; tests/test_cli checks)
@@ -25,9 +26,10 @@ def _simulate(a) -> int:
     t0 = time.perf_counter()
     df, timelines = simulate_with_timelines(a.geometry, a.routing, a.platforms, a.variants, a.prompt_len, a.chunk,
                                             a.weights, a.seed, a.timeline, draws=a.draws,
-                                            engine=a.engine, **knobs)
+                                            engine=a.engine, operating_point=a.operating_point, **knobs)
     cols = ["model", "platform", "prompt_len", "chunk", "variant", "ttft_s", "energy_per_token_mj", "cpu_cycles",
-            "n_npu_calls", "drop_rate", "pad_rate"]
+            "n_npu_calls", "drop_rate", "pad_rate", "npu_programs", "feasible"]
+    cols += ["percentile"] if a.operating_point == "paper" else []
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 400):
         print(df[cols].to_string(index=False))
         sp = ratios(df, "ttft_s")
@@ -62,6 +64,7 @@ def register_cli(sub) -> None:
                    help="NPU weight storage: fp16, or int8 dequantized on the NPU (half the bytes streamed)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled routing (default 0)")
     add_knob_arguments(p, with_defaults=False)       # unset: each variant's plan defaults
+    add_operating_point_argument(p)
     p.add_argument("--timeline", action="store_true", help="also write the per-op timelines")
     p.add_argument("--draws", type=int, default=200,
                    help="parameter draws for the 90%% interval columns (*_lo/_hi) (the platform's posterior, else a prior from its sourced alternatives; 0: none; "

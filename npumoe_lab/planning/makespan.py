@@ -179,20 +179,26 @@ def fit_program_budget(layers: list, budget: int) -> list[list[bool]]:
     masks = [np.asarray(f, dtype=bool).copy() for _, f in layers]
     spans = [float(m(mask)) if mask.size else 0.0 for (m, _), mask in zip(layers, masks)]
     total = int(sum(m.sum() for m in masks))
+
+    def best_move(li):
+        """(makespan added, group, new makespan) of layer li's cheapest single move to the CPU (None: none left).
+        Only the layer that moved changes its candidates, so each layer's best move is kept between steps."""
+        mask = masks[li]
+        on = np.flatnonzero(mask)
+        if not on.size:
+            return None
+        cand = np.repeat(mask[None], len(on), 0)
+        cand[np.arange(len(on)), on] = False
+        new = layers[li][0].many(cand)
+        j = int(np.argmin(new))
+        return float(new[j]) - spans[li], int(on[j]), float(new[j])
+
+    moves = [best_move(li) for li in range(len(layers))] if total > budget else []
     while total > budget:
-        best = None
-        for li, ((model, _), mask) in enumerate(zip(layers, masks)):
-            on = np.flatnonzero(mask)
-            if not on.size:
-                continue
-            cand = np.repeat(mask[None], len(on), 0)
-            cand[np.arange(len(on)), on] = False
-            new = model.many(cand)
-            j = int(np.argmin(new))
-            if best is None or new[j] - spans[li] < best[0]:
-                best = (new[j] - spans[li], li, int(on[j]), float(new[j]))
-        _, li, gi, span = best
+        li = min((i for i, mv in enumerate(moves) if mv is not None), key=lambda i: (moves[i][0], i))
+        _, gi, span = moves[li]
         masks[li][gi], spans[li] = False, span
+        moves[li] = best_move(li)
         total -= 1
     return [m.tolist() for m in masks]
 
