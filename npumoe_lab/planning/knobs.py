@@ -58,6 +58,9 @@ class PlanKnobs:
             if meta["minimum"] is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
                                                 or not math.isfinite(v) or v < meta["minimum"]):
                 raise NpuMoeError(f"plan knob {f.name}={v!r} must be a number >= {meta['minimum']}")
+        b = self.npu_program_budget
+        if b is not None and b != PROGRAM_BUDGET_OFF and (isinstance(b, float) and not b.is_integer()):
+            raise NpuMoeError(f"plan knob npu_program_budget={b!r}: give a whole number of programs, or 'off'")
         if not 0 < self.percentile <= 100:
             raise NpuMoeError(f"plan knob percentile={self.percentile} must be in (0, 100]")
         if self.multipliers is not None:

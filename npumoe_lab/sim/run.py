@@ -139,7 +139,7 @@ def _chunks(src, specs, t, c, seed):
 def _operating_points(geos, sources, plats, prompts, chunks, seed, plan_knobs, target, off_band) -> dict:
     """{(model, chunk, id(platform)): OperatingPoint} of `--operating-point paper`, all solved before the first
     row (an unreachable band stops the run before anything is computed)."""
-    import numpy as np
+    import numpy as np      # lazy: this file imports no numpy at its top (pandas only)
     out = {}
     for name, _, geo in geos:
         src, specs = sources[name], list(geo.moe)
