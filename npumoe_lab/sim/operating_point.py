@@ -181,6 +181,24 @@ def operating_columns(point: OperatingPoint | None) -> dict:
             "op_drop_rate": point.drop_rate, "op_in_band": point.in_band}
 
 
+SWEEP_PERCENTILES = (0.5, 5, 15, 30, 50, 70, 90, 99)
+SWEEP_BASELINES = ("cpu-only", "anemll", "naive-npu")
+
+
+def percentile_sweep(geometry, routing="synthetic:gini=0.6", platforms="m2-max", percentiles=SWEEP_PERCENTILES,
+                     prompt_len=1024, chunk=512, seed: int = 0, baselines=SWEEP_BASELINES, **plan_knobs):
+    """Rows for the TTFT-vs-drop figure: npumoe at each tier percentile (`sweep_percentile`) and the baselines once
+    (their plans do not follow the percentile but naive-npu's: it takes each expert's largest observed load)."""
+    import pandas as pd     # lazy: only the figure's rows need it
+    from npumoe_lab.sim.run import simulate      # lazy: sim.run imports this module
+    frames = [simulate(geometry, routing, platforms, ",".join(baselines), prompt_len, chunk, seed=seed, draws=0,
+                       **plan_knobs).assign(sweep_percentile=float("nan"))] if baselines else []
+    for p in percentiles:
+        frames.append(simulate(geometry, routing, platforms, SOLVE_VARIANT, prompt_len, chunk, seed=seed, draws=0,
+                               **{**plan_knobs, "percentile": float(p)}).assign(sweep_percentile=float(p)))
+    return pd.concat(frames, ignore_index=True)
+
+
 def chosen_percentiles(df):
     """One row per (model, platform, chunk) of simulated rows at the paper point: the percentile chosen, npumoe's
     drop there (the solve's pooled value and per prompt length), and whether it lies in the band."""
@@ -238,4 +256,4 @@ def both_points_markdown(tables: dict, grids: dict) -> str:
 
 
 __all__ = ["OPERATING_POINTS", "PAPER_DROP_BAND", "PAPER_DROP_TARGET", "OperatingPoint", "bisect_percentile",
-           "both_points_markdown", "check_operating_point", "chosen_percentiles", "operating_columns", "plan_drop_rate", "solve_percentile"]
+           "SWEEP_PERCENTILES", "both_points_markdown", "percentile_sweep", "check_operating_point", "chosen_percentiles", "operating_columns", "plan_drop_rate", "solve_percentile"]
