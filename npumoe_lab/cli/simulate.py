@@ -26,7 +26,8 @@ def _simulate(a) -> int:
     t0 = time.perf_counter()
     df, timelines = simulate_with_timelines(a.geometry, a.routing, a.platforms, a.variants, a.prompt_len, a.chunk,
                                             a.weights, a.seed, a.timeline, draws=a.draws,
-                                            engine=a.engine, operating_point=a.operating_point, **knobs)
+                                            engine=a.engine, operating_point=a.operating_point,
+                                            off_band=a.off_band, **knobs)
     cols = ["model", "platform", "prompt_len", "chunk", "variant", "ttft_s", "energy_per_token_mj", "cpu_cycles",
             "n_npu_calls", "drop_rate", "pad_rate", "npu_programs", "feasible"]
     cols += ["percentile"] if a.operating_point == "paper" else []
@@ -65,6 +66,9 @@ def register_cli(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled routing (default 0)")
     add_knob_arguments(p, with_defaults=False)       # unset: each variant's plan defaults
     add_operating_point_argument(p)
+    p.add_argument("--off-band", default="error", choices=("error", "closest"),
+                   help="--operating-point paper where no percentile reaches the band: error (exit 2, the default) "
+                        "or closest (simulate there; rows say op_in_band False)")
     p.add_argument("--timeline", action="store_true", help="also write the per-op timelines")
     p.add_argument("--draws", type=int, default=200,
                    help="parameter draws for the 90%% interval columns (*_lo/_hi) (the platform's posterior, else a prior from its sourced alternatives; 0: none; "

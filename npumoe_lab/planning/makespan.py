@@ -156,12 +156,13 @@ def candidate_masks(case: LayerCase, exhaustive: int = EXHAUSTIVE_GROUPS,
     return np.concatenate([rows[:1], rows[-1:], mid]).reshape(-1, n)
 
 
-def choose_resident(case: LayerCase, platform, exhaustive: int = EXHAUSTIVE_GROUPS) -> tuple[list[bool], float]:
+def choose_resident(case: LayerCase, platform, exhaustive: int = EXHAUSTIVE_GROUPS,
+                    model: LayerMakespan | None = None) -> tuple[list[bool], float]:
     """(resident flag per group, its modeled mean makespan in seconds): the best candidate (ties: fewer NPU
-    groups, then the earlier candidate)."""
+    groups, then the earlier candidate). `model`: the case's LayerMakespan when the caller has it already."""
     if not case.groups:
         return [], 0.0
-    model = LayerMakespan(case, platform)
+    model = model or LayerMakespan(case, platform)
     masks = candidate_masks(case, exhaustive)
     spans = model.many(masks)
     # the tie rule on the few candidates within rounding of the minimum (round is monotone: no other can tie)

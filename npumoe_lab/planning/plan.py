@@ -279,12 +279,16 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
         routed = counts.mean(axis=1)         # expected routed tokens per chunk per expert: the CPU's load
         routed_ = routed.tolist()            # Python floats: the same sums, without a NumPy scalar per expert
         loads = [float(sum(routed_[e] for e in g.experts)) for g in groups]
+        model = None
+        if budget_ is not None and groups and residency == "makespan":     # one model: search, then budget
+            model = LayerMakespan(LayerCase([(g.experts, g.capacity) for g in groups], counts, spec.hidden,
+                                            spec.intermediate, spec.top_k, profile.chunk, k.dtype_bytes,
+                                            weight_size), plat)
         layer_flags = assign_residency(groups, residency, thr, plat, spec, None, k.dtype_bytes, loads=loads,
-                                       counts=counts, chunk=profile.chunk, npu_weight_bytes=weight_size)
-        if budget_ is not None and groups and residency == "makespan":
-            budgeted.append((LayerMakespan(LayerCase([(g.experts, g.capacity) for g in groups], counts, spec.hidden,
-                                                     spec.intermediate, spec.top_k, profile.chunk, k.dtype_bytes,
-                                                     weight_size), plat), layer_flags))
+                                       counts=counts, chunk=profile.chunk, npu_weight_bytes=weight_size,
+                                       makespan_model=model)
+        if model is not None:
+            budgeted.append((model, layer_flags))
         flags += layer_flags
         all_groups += groups
         static = _memo(profile, ("entry", shape, tier_args, group_args), lambda: dict(

@@ -105,12 +105,13 @@ def fit_budget(groups, resident: list[bool], budget_bytes: int | None) -> list[b
 
 def assign_residency(groups, mode: str = "threshold", hot_threshold: float | None = None, platform=None,
                      spec=None, npu_memory_budget_bytes: int | None = None, dtype_bytes: int = 2,
-                     loads=None, counts=None, chunk: int | None = None, npu_weight_bytes: int | None = None
-                     ) -> list[bool]:
+                     loads=None, counts=None, chunk: int | None = None, npu_weight_bytes: int | None = None,
+                     makespan_model=None) -> list[bool]:
     """One flag per group (True = resident on the NPU, False = runs on the CPU). `loads` (cost mode): expected
     tokens per chunk each group would take on the CPU (the routed load: the CPU path drops nothing); default
     each group's expected kept tokens. `counts` [E, chunks] and `chunk` (makespan mode): the calibration's routed
-    counts per expert and chunk, and the chunk length."""
+    counts per expert and chunk, and the chunk length; `makespan_model`: their makespan.LayerMakespan when the
+    caller keeps it (build_plan: the program budget search reads the same one)."""
     if mode not in RESIDENCY_MODES:
         raise NpuMoeError(f"unknown residency mode {mode!r}; use one of: {', '.join(RESIDENCY_MODES)}")
     if mode == "makespan":
@@ -119,7 +120,7 @@ def assign_residency(groups, mode: str = "threshold", hot_threshold: float | Non
                               "counts [experts, chunks] and the chunk; use build_plan, or mode='threshold'")
         case = LayerCase([(g.experts, g.capacity) for g in groups], counts, spec.hidden, spec.intermediate,
                          spec.top_k, int(chunk), dtype_bytes, npu_weight_bytes)
-        resident = choose_resident(case, platform)[0]
+        resident = choose_resident(case, platform, model=makespan_model)[0]
     elif mode == "all":
         resident = [True] * len(groups)
     elif mode == "threshold":

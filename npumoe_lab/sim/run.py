@@ -192,13 +192,14 @@ def _priced(stream, platform, draws) -> StreamResult:
 
 def simulate(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="m2-max", variants="all",
              prompt_len=1024, chunk=512, weights: str = "fp16", seed: int = 0, out=None, timeline: bool = False,
-             draws: int = 0, engine: str = "array", operating_point: str = "default", **plan_knobs) -> pd.DataFrame:
+             draws: int = 0, engine: str = "array", operating_point: str = "default", off_band: str = "error",
+             **plan_knobs) -> pd.DataFrame:
     """Simulate every combination; returns (and writes to `out`) one row per (geometry, platform, variant,
     prompt length, chunk). Comma lists or lists for geometry, platforms (names or Platform objects, e.g. with
     overrides), variants, prompt_len and chunk."""
     df, timelines = simulate_with_timelines(geometry, routing, platforms, variants, prompt_len, chunk, weights, seed,
                                             timeline, draws=draws, engine=engine, operating_point=operating_point,
-                                            **plan_knobs)
+                                            off_band=off_band, **plan_knobs)
     if out is not None:
         save_simulation(df, timelines, out)
     return df
@@ -207,12 +208,12 @@ def simulate(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="
 def simulate_with_timelines(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="m2-max",
                             variants="all", prompt_len=1024, chunk=512, weights: str = "fp16", seed: int = 0,
                             timeline: bool = False, draws: int = 0, engine: str = "array",
-                            operating_point: str = "default", **plan_knobs):
+                            operating_point: str = "default", off_band: str = "error", **plan_knobs):
     """(rows, the per-op timelines or None): simulate() without writing (the CLI prints before it writes)."""
     rows, frames = [], []
     for row, res in iter_simulation(geometry, routing, platforms, variants, prompt_len, chunk, weights, seed,
                                     draws=draws, engine="ops" if timeline else engine,
-                                    operating_point=operating_point, **plan_knobs):
+                                    operating_point=operating_point, off_band=off_band, **plan_knobs):
         rows.append(row)
         if timeline:
             frames.append(to_frame(res.events).assign(variant=row["variant"], platform=row["platform"],
@@ -239,6 +240,9 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
     the first row, "closest" simulates at the closest (rows say op_in_band False)."""
     PlanKnobs.check_names(plan_knobs)
     check_operating_point(operating_point, drop_target)
+    if off_band not in ("error", "closest"):
+        raise NpuMoeError(f"off_band {off_band!r}: use 'error' (stop where no percentile reaches the band) or "
+                          "'closest' (simulate at the closest, rows say op_in_band False)")
     if engine not in ENGINES:
         raise NpuMoeError(f"engine {engine!r}: use one of {', '.join(ENGINES)}")
     if isinstance(draws, bool) or not isinstance(draws, int) or draws < 0:
