@@ -67,3 +67,26 @@ def test_forced_plans_over_the_budget_are_rows_that_say_infeasible():
     o = off.iloc[0]
     assert o.npu_program_budget_used == "off" and o.n_npu_groups >= r.at["npumoe", "n_npu_groups"]
     assert o.feasible == (o.npu_programs <= 119)
+
+
+def test_the_cli_lists_the_operating_points_of_the_simulation():
+    from npumoe_lab.cli.operating_point import OPERATING_POINTS as CLI_POINTS
+    from npumoe_lab.sim.operating_point import OPERATING_POINTS
+    assert CLI_POINTS == OPERATING_POINTS
+
+
+def test_paper_check_at_both_points_writes_the_chosen_percentiles():
+    from npumoe_lab.sim.operating_point import both_points_markdown, chosen_percentiles
+    from npumoe_lab.sim.papercheck import paper_check
+    grid = dict(geometry="phi-tiny-moe", platforms="m2-max", prompt_len="1024", chunk="512")
+    tables, grids = {}, {}
+    for op in ("default", "paper"):
+        tables[op], _, grids[op] = paper_check(sensitivity=False, grid=grid, draws=5, operating_point=op)
+    cp = chosen_percentiles(grids["paper"])
+    assert len(cp) == 1 and cp.in_band.iloc[0]
+    paper = tables["paper"].set_index("quantity")
+    lo, hi = PAPER_DROP_BAND
+    assert lo * 100 <= paper.at["npumoe drop rate, lowest (%)", "modeled"] <= hi * 100
+    assert tables["default"].set_index("quantity").at["npumoe drop rate, highest (%)", "modeled"] < lo * 100
+    text = both_points_markdown(tables, grids)
+    assert "| phi-tiny-moe | m2-max | 512 |" in text and "default: P(holds)" in text
