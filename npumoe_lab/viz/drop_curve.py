@@ -45,6 +45,9 @@ def plot_ttft_vs_drop(rows: pd.DataFrame, band=(0.10, 0.22)):
                     ax.axhline(getattr(b, m), color=pk.color_of(b.variant), lw=1.0, ls=ls if feas else ":",
                                label=f"{b.variant}, {plat} (drop {b.drop_rate:.1%}"
                                      f"{'' if feas else ', infeasible'})" if i == 0 and j == 0 else None)
+            shown = pd.concat([sweep[sweep.model == model][m], base[base.model == model][m]]).dropna()
+            if len(shown) and shown.min() > 0 and shown.max() / shown.min() > 5:    # naive-npu far above: log
+                ax.set_yscale("log")
             ax.set_title(f"{model}" if i == 0 else "", fontsize=7)
             ax.set_xlabel("npumoe drop rate (%)")
             if j == 0:
@@ -54,7 +57,7 @@ def plot_ttft_vs_drop(rows: pd.DataFrame, band=(0.10, 0.22)):
     r0 = rows.iloc[0]
     title = (f"{' and '.join(METRICS[m].split(' (')[0] for m in metrics)} against npumoe's drop rate over a "
              f"tier-percentile sweep (point labels: percentile; hollow: a plan over the ANE's program limit). "
-             f"Prompt {r0.prompt_len}, chunk {r0.chunk}; every value modeled ({pk.metric_source(rows, metrics[0])})"
+             f"Prompt {r0.prompt_len}, chunk {r0.chunk}; every value modeled (platforms {', '.join(plats)})"
              f"; routing {r0.routing_source.split(',')[0]}")
     fig.suptitle("\n".join(textwrap.wrap(title, 60 * len(models))), fontsize=7)
     return fig

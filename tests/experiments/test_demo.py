@@ -33,7 +33,8 @@ def test_demo_end_to_end_on_one_cell(tmp_path, monkeypatch):
     assert set(rows.variant) == {"reference", "npumoe-base", "npumoe"} and set(rows.platform) == {"cpu", "m2-max"}
     assert set(load_results(out / "paper-scale").geometry) == {"qwen3-30b-a3b", "phi-3.5-moe", "phi-tiny-moe"}
     figures = {p.name for p in (out / "figures").iterdir()}
-    assert {"baselines.png", "baselines.pdf", "paper-scale-baselines.png", "paper-scale-ablation.pdf"} <= figures
+    assert {"baselines.png", "baselines.pdf", "paper-scale-baselines.png", "paper-scale-ablation.pdf",
+            "ttft-vs-drop.png"} <= figures
     (cell,) = (out / "sweep" / "cells").iterdir()
     outputs = [o.get("text", "") for c in json.loads((cell / "executed.ipynb").read_text())["cells"]
                for o in c.get("outputs", [])]
