@@ -19,7 +19,7 @@ STYLES = ("-", "--", "-.", ":")
 def plot_ttft_vs_drop(rows: pd.DataFrame, band=(0.10, 0.22)):
     metrics = [m for m in METRICS if m in rows.columns and rows[m].notna().any()]
     models = list(dict.fromkeys(rows.model))
-    fig, axes = pk.figure(len(metrics), len(models), 3.4, 2.4)
+    fig, axes = pk.figure(len(metrics), len(models), 4.4 if len(models) > 1 else 6.4, 4.2)
     plats = list(dict.fromkeys(rows.platform))
     sweep = rows[rows.sweep_percentile.notna()]
     base = rows[rows.sweep_percentile.isna()]
@@ -37,9 +37,14 @@ def plot_ttft_vs_drop(rows: pd.DataFrame, band=(0.10, 0.22)):
                     ok = s.feasible.astype(bool) if "feasible" in s else pd.Series(True, index=s.index)
                     ax.plot(100 * s.drop_rate[ok], s[m][ok], "o", ms=3.5, color=c, ls="none")
                     ax.plot(100 * s.drop_rate[~ok], s[m][~ok], "o", ms=3.5, mfc="white", mec=c, ls="none")
-                    for r in s.itertuples():
-                        ax.annotate(f"{r.sweep_percentile:g}", (100 * r.drop_rate, getattr(r, m)), fontsize=5,
-                                    xytext=(2, 2), textcoords="offset points", color="0.35")
+                    span = max(1e-9, 100 * (sweep.drop_rate.max() - sweep.drop_rate.min()))
+                    last = None
+                    for r in s.itertuples() if k == 0 else ():   # percentiles labelled on the first platform's
+                        x = 100 * r.drop_rate                      # line, none on top of the previous one
+                        if last is None or x - last > 0.1 * span:
+                            ax.annotate(f"{r.sweep_percentile:g}", (x, getattr(r, m)), fontsize=5, xytext=(2, 3),
+                                        textcoords="offset points", color="0.35")
+                            last = x
                 for b in base[(base.model == model) & (base.platform == plat)].itertuples():
                     feas = getattr(b, "feasible", True)
                     ax.axhline(getattr(b, m), color=pk.color_of(b.variant), lw=1.0, ls=ls if feas else ":",
@@ -48,18 +53,19 @@ def plot_ttft_vs_drop(rows: pd.DataFrame, band=(0.10, 0.22)):
             shown = pd.concat([sweep[sweep.model == model][m], base[base.model == model][m]]).dropna()
             if len(shown) and shown.min() > 0 and shown.max() / shown.min() > 5:    # naive-npu far above: log
                 ax.set_yscale("log")
-            ax.set_title(f"{model}" if i == 0 else "", fontsize=7)
+            pk.finish(ax, model if i == 0 else "", f"{METRICS[m].split(' (')[0]}: "
+                      f"{pk.metric_source(rows[rows.model == model], m)}; drop: replayed routing (no numerics)")
             ax.set_xlabel("npumoe drop rate (%)")
             if j == 0:
                 ax.set_ylabel(f"{METRICS[m]}, modeled")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=min(3, len(labels)), frameon=False)
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(4, len(labels)), frameon=False)
     r0 = rows.iloc[0]
     title = (f"{' and '.join(METRICS[m].split(' (')[0] for m in metrics)} against npumoe's drop rate over a "
              f"tier-percentile sweep (point labels: percentile; hollow: a plan over the ANE's program limit). "
              f"Prompt {r0.prompt_len}, chunk {r0.chunk}; every value modeled (platforms {', '.join(plats)})"
              f"; routing {r0.routing_source.split(',')[0]}")
-    fig.suptitle("\n".join(textwrap.wrap(title, 60 * len(models))), fontsize=7)
+    fig.suptitle("\n".join(textwrap.wrap(title, 90 * len(models))), fontsize=7)
     return fig
 
 
