@@ -21,6 +21,19 @@ def _parse_multipliers(text: str) -> tuple:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of numbers (e.g. 4,2,1)") from None
 
 
+def _parse_program_budget(text: str):
+    if text.strip().lower() == "off":
+        return "off"
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of resident programs >= 0, or 'off' "
+                                         "(the unbounded plan)")
+    return value
+
+
 def add_knob_arguments(parser: argparse.ArgumentParser, with_defaults: bool = True, only=None) -> None:
     """One flag per knob (`--group-size` ...). with_defaults=False: unset flags stay None (the command's own plan or
     the variant decides); `only`: a subset of knob names."""
@@ -32,6 +45,9 @@ def add_knob_arguments(parser: argparse.ArgumentParser, with_defaults: bool = Tr
         if f.type in ("bool", bool):
             parser.add_argument(*_flags(f.name), dest=f.name, action="store_true", default=default or None,
                                 help=meta["help"])
+        elif f.name == "npu_program_budget":
+            parser.add_argument(*_flags(f.name), dest=f.name, type=_parse_program_budget, default=default,
+                                help=help_)
         elif f.name == "multipliers":
             parser.add_argument(*_flags(f.name), dest=f.name, type=_parse_multipliers, default=default, help=help_)
         else:

@@ -7,6 +7,7 @@ import time
 from npumoe_lab.cli.decode_flags import add_decode_arguments, check_decode_args
 from npumoe_lab.cli.knob_flags import add_knob_arguments, knobs_from_args
 from npumoe_lab.cli.output import writes
+from npumoe_lab.cli.operating_point import add_operating_point_argument
 from npumoe_lab.utils import REPO_ROOT
 
 WEIGHT_FORMATS = ("fp16", "int8")    # = sim.run.WEIGHT_FORMATS (not imported: torch; tests/test_cli checks)
@@ -51,7 +52,8 @@ def _simulate(a) -> int:
     df, timelines = simulate_with_timelines(a.geometry, a.routing, a.platforms, a.variants, a.prompt_len, a.chunk,
                                             a.weights, a.seed, a.timeline, draws=a.draws,
                                             engine=a.engine, workers=a.workers, decode_tokens=a.decode_tokens,
-                                            decode_policy=a.decode_policy, **knobs)
+                                            decode_policy=a.decode_policy, operating_point=a.operating_point,
+                                            off_band=a.off_band, **knobs)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 400):
         print(summary_table(df))
         sp = ratios(df, "ttft_s")
@@ -88,6 +90,10 @@ def register_cli(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled routing (default 0)")
     add_knob_arguments(p, with_defaults=False)       # unset: each variant's plan defaults
     add_decode_arguments(p)
+    add_operating_point_argument(p)
+    p.add_argument("--off-band", default="error", choices=("error", "closest"),
+                   help="--operating-point paper where no percentile reaches the band: error (exit 2, the default) "
+                        "or closest (simulate there; rows say op_in_band False)")
     p.add_argument("--timeline", action="store_true", help="also write the per-op timelines")
     p.add_argument("--draws", type=int, default=200,
                    help="parameter draws for the 90%% interval columns (*_lo/_hi) (the platform's posterior, else a prior from its sourced alternatives; 0: none; "

@@ -12,6 +12,12 @@ FLOPs, and the ANE's per-process limits (platform YAML: max_resident_programs, m
   compile_s (modeled): npu_compiles x compile_s, the first-run cost, reported apart and never inside TTFT;
   ane_limits: "ok", or which limit the plan breaks (flagged; the plan knob npu_program_budget keeps a plan under
   a program budget; graph bytes and the largest dimension are split by planning/grouping.py before this).
+- feasible / infeasible_reason: whether a real ANE could hold the plan: its programs (resident groups + attention
+  graphs) within max_resident_programs and within max_compiles at one compile per program (the count the plan's
+  budget search uses, planning/residency.program_budget). Per-(chunk, past) attention recompiles stay a flag in
+  ane_limits only: a fixed-context KV cache (ANEMLL's deployed graphs) compiles attention once per layer, so they
+  are a property of this cost model's attention shapes, not of what a device can hold. Rows over it are still
+  priced, and say so here: `infeasible` with the limit broken.
 """
 from __future__ import annotations
 
@@ -52,7 +58,20 @@ def plan_columns(layout, events, platform, n_experts_total: int | None = None) -
         if lim is not None and have > lim and not platform.npu_shares_cpu:
             broken.append(f"{key.replace('max_', '')} {have} > {lim:g}")
     out["ane_limits"] = "; ".join(broken) or "ok"
+    out.update(feasibility(programs, platform))
     return out
+
+
+def feasibility(programs: int, platform) -> dict:
+    """{feasible, infeasible_reason} of a plan holding `programs` NPU programs on `platform` (module docstring)."""
+    if platform.npu_shares_cpu:
+        return {"feasible": True, "infeasible_reason": ""}
+    why = []
+    for key, what in (("max_resident_programs", "resident programs"), ("max_compiles", "compiles")):
+        lim = npu_limit(platform, key)
+        if lim is not None and programs > lim:
+            why.append(f"{what} {programs} > {key} {lim:g}")
+    return {"feasible": not why, "infeasible_reason": ("infeasible: " + "; ".join(why)) if why else ""}
 
 
 def _expert_flops(events):
@@ -79,4 +98,4 @@ def _expert_flops(events):
     return npu_f, all_f, attention_layers, shapes
 
 
-__all__ = ["plan_columns", "npu_limit"]
+__all__ = ["plan_columns", "npu_limit", "feasibility"]

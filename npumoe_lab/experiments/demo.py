@@ -34,6 +34,8 @@ FIGURE_NOTES = {
     "residency": "hot threshold vs TTFT / energy",
     "popularity": "calibration: load share per expert and layer",
     "paper": "the paper's three models simulated (modeled M2 Max / M2 Ultra): main figure and ablation",
+    "ttft": "TTFT against npumoe's drop rate over a tier-percentile sweep (bundled model, modeled), the "
+                    "paper's 10-22 % band shaded, baselines as lines",
 }
 # what every demo cell's notebook (05_baselines) imports and loads first
 WARM_UP = ("from npumoe_lab.experiments import notebook_helpers as nb\n"
@@ -205,6 +207,25 @@ def draw_figures(out: Path) -> list[Path]:
         figs += save_figure(plot_baselines(g), out / "figures", f"baselines-{plat}")
         if "e2e_s" in g and g.e2e_s.notna().any():      # rows with decode steps: e2e as prefill + decode
             figs += save_figure(plot_e2e(g[g.e2e_s.notna()]), out / "figures", f"e2e-{plat}")
+    return figs + drop_curve_figures(out, profiles)
+
+
+def drop_curve_figures(out: Path, profiles) -> list[Path]:
+    """TTFT against npumoe's drop rate over a tier-percentile sweep on the bundled model (its geometry, the demo's
+    own calibration profile as the routing; modeled m2-max and m2-ultra), one figure per profile's chunk."""
+    # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
+    from npumoe_lab.models import TINY_MODEL_DIR
+    from npumoe_lab.planning.profile import CalibrationProfile
+    from npumoe_lab.sim.operating_point import percentile_sweep
+    from npumoe_lab.viz.drop_curve import plot_ttft_vs_drop
+    from npumoe_lab.viz.plots import save_figure
+    figs = []
+    for prof in profiles:
+        chunk = CalibrationProfile.load(prof).chunk
+        rows = percentile_sweep(str(TINY_MODEL_DIR / "config.json"), f"profile:{prof}", "m2-max,m2-ultra",
+                                prompt_len=2 * chunk, chunk=chunk)
+        name = "ttft-vs-drop" if len(profiles) == 1 else f"ttft-vs-drop-{prof.name}"
+        figs += save_figure(plot_ttft_vs_drop(rows), out / "figures", name)
     return figs
 
 

@@ -9,6 +9,8 @@ from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.core.saliency_rules import SALIENCY_RULES
 from npumoe_lab.planning.choices import CAPACITY_RULES, ORDERS, RESIDENCY_MODES
 
+PROGRAM_BUDGET_OFF = "off"       # npu_program_budget: no program budget (the unbounded plan, kept for comparison)
+
 
 def knob(default, help: str, choices=None, minimum=None):
     return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum})
@@ -33,8 +35,10 @@ class PlanKnobs:
     hot_threshold: float | None = knob(None, "expected tokens per chunk for a resident group (threshold rule; "
                                              "default chunk*top_k/n_experts)", minimum=0)
     npu_memory_budget_bytes: int | None = knob(None, "bytes of expert weights allowed on the NPU", minimum=0)
-    npu_program_budget: int | None = knob(None, "resident expert-group programs allowed on the NPU over all layers "
-                                                "(makespan residency; the ANE keeps ~120 per process)", minimum=0)
+    npu_program_budget: int | str | None = knob(None, "resident expert-group programs allowed on the NPU over all "
+                                                      "layers (default: what the platform's max_resident_programs "
+                                                      "and max_compiles leave after the NPU attention graphs; 'off': "
+                                                      "unbounded, for comparison)", minimum=0)
     saliency: str = knob("weight_x_norm", "which overflow assignments are kept", SALIENCY_RULES)
     renormalize: bool = knob(False, "renormalise the kept top-k weights after drops")
     dtype_bytes: int = knob(2, "bytes per weight element on the NPU (graph size limits)", minimum=1)
@@ -47,11 +51,16 @@ class PlanKnobs:
                     raise NpuMoeError(f"plan knob {f.name} cannot be None; give a value or leave the default "
                                       f"{f.default!r}")
                 continue
+            if f.name == "npu_program_budget" and v == PROGRAM_BUDGET_OFF:
+                continue
             if meta["choices"] and v not in meta["choices"]:
                 raise NpuMoeError(f"plan knob {f.name}={v!r} is not one of {', '.join(meta['choices'])}")
             if meta["minimum"] is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
                                                 or not math.isfinite(v) or v < meta["minimum"]):
                 raise NpuMoeError(f"plan knob {f.name}={v!r} must be a number >= {meta['minimum']}")
+        b = self.npu_program_budget
+        if b is not None and b != PROGRAM_BUDGET_OFF and (isinstance(b, float) and not b.is_integer()):
+            raise NpuMoeError(f"plan knob npu_program_budget={b!r}: give a whole number of programs, or 'off'")
         if not 0 < self.percentile <= 100:
             raise NpuMoeError(f"plan knob percentile={self.percentile} must be in (0, 100]")
         if self.multipliers is not None:
@@ -88,4 +97,4 @@ class PlanKnobs:
         return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
 
 
-__all__ = ["PlanKnobs"]
+__all__ = ["PlanKnobs", "PROGRAM_BUDGET_OFF"]

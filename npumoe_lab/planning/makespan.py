@@ -156,12 +156,13 @@ def candidate_masks(case: LayerCase, exhaustive: int = EXHAUSTIVE_GROUPS,
     return np.concatenate([rows[:1], rows[-1:], mid]).reshape(-1, n)
 
 
-def choose_resident(case: LayerCase, platform, exhaustive: int = EXHAUSTIVE_GROUPS) -> tuple[list[bool], float]:
+def choose_resident(case: LayerCase, platform, exhaustive: int = EXHAUSTIVE_GROUPS,
+                    model: LayerMakespan | None = None) -> tuple[list[bool], float]:
     """(resident flag per group, its modeled mean makespan in seconds): the best candidate (ties: fewer NPU
-    groups, then the earlier candidate)."""
+    groups, then the earlier candidate). `model`: the case's LayerMakespan when the caller has it already."""
     if not case.groups:
         return [], 0.0
-    model = LayerMakespan(case, platform)
+    model = model or LayerMakespan(case, platform)
     masks = candidate_masks(case, exhaustive)
     spans = model.many(masks)
     # the tie rule on the few candidates within rounding of the minimum (round is monotone: no other can tie)
@@ -179,20 +180,26 @@ def fit_program_budget(layers: list, budget: int) -> list[list[bool]]:
     masks = [np.asarray(f, dtype=bool).copy() for _, f in layers]
     spans = [float(m(mask)) if mask.size else 0.0 for (m, _), mask in zip(layers, masks)]
     total = int(sum(m.sum() for m in masks))
+
+    def best_move(li):
+        """(makespan added, group, new makespan) of layer li's cheapest single move to the CPU (None: none left).
+        Only the layer that moved changes its candidates, so each layer's best move is kept between steps."""
+        mask = masks[li]
+        on = np.flatnonzero(mask)
+        if not on.size:
+            return None
+        cand = np.repeat(mask[None], len(on), 0)
+        cand[np.arange(len(on)), on] = False
+        new = layers[li][0].many(cand)
+        j = int(np.argmin(new))
+        return float(new[j]) - spans[li], int(on[j]), float(new[j])
+
+    moves = [best_move(li) for li in range(len(layers))] if total > budget else []
     while total > budget:
-        best = None
-        for li, ((model, _), mask) in enumerate(zip(layers, masks)):
-            on = np.flatnonzero(mask)
-            if not on.size:
-                continue
-            cand = np.repeat(mask[None], len(on), 0)
-            cand[np.arange(len(on)), on] = False
-            new = model.many(cand)
-            j = int(np.argmin(new))
-            if best is None or new[j] - spans[li] < best[0]:
-                best = (new[j] - spans[li], li, int(on[j]), float(new[j]))
-        _, li, gi, span = best
+        li = min((i for i, mv in enumerate(moves) if mv is not None), key=lambda i: (moves[i][0], i))
+        _, gi, span = moves[li]
         masks[li][gi], spans[li] = False, span
+        moves[li] = best_move(li)
         total -= 1
     return [m.tolist() for m in masks]
 

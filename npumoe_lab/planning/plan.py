@@ -25,7 +25,7 @@ from npumoe_lab.planning.knobs import PlanKnobs
 from npumoe_lab.planning.layout import ExecutionLayout, LayerLayout, check_model
 from npumoe_lab.models import describe, model_fingerprint
 from npumoe_lab.planning.makespan import LayerCase, LayerMakespan, fit_program_budget
-from npumoe_lab.planning.residency import assign_residency, fit_budget
+from npumoe_lab.planning.residency import assign_residency, fit_budget, program_budget
 from npumoe_lab.core.saliency_rules import check_rule
 from npumoe_lab.planning.tiers import assign_tiers, expected_drop_rate, expected_kept_tokens, expected_padding
 from npumoe_lab.utils import sha256_json
@@ -44,6 +44,7 @@ class Plan:
     knobs: dict
     layers: list[dict]
     calibration: dict = field(default_factory=dict)   # where the counts came from (workload, tokens, created)
+    limits: dict = field(default_factory=dict)        # the NPU program budget it was searched under, and why
     version: int = PLAN_VERSION
     hash: str = ""
 
@@ -63,7 +64,8 @@ class Plan:
     def _body(self) -> dict:
         return {"version": self.version, "model_fingerprint": self.model_fingerprint, "chunk": self.chunk,
                 "saliency": self.saliency, "renormalize": self.renormalize, "platform": self.platform,
-                "knobs": self.knobs, "calibration": self.calibration, "layers": self.layers}
+                "knobs": self.knobs, "calibration": self.calibration, "layers": self.layers,
+                **({"limits": self.limits} if self.limits else {})}     # absent: the hashes of older plans hold
 
     def to_dict(self) -> dict:
         return {**self._body(), "hash": self.hash}
@@ -85,7 +87,7 @@ class Plan:
         missing = [k for k in keys if k not in d]
         if missing:
             raise NpuMoeError(f"plan lacks {missing}; it is not a plan file, build one with `npumoe-lab plan`")
-        return cls(**{k: d[k] for k in (*keys, "calibration", "version", "hash") if k in d})
+        return cls(**{k: d[k] for k in (*keys, "calibration", "limits", "version", "hash") if k in d})
 
     @classmethod
     def load(cls, path, model=None) -> "Plan":
@@ -224,7 +226,7 @@ def _tiers(counts, chunk, spec, k):
 
 
 def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs | dict | None = None,
-               **overrides) -> Plan:
+               npu_attention_graphs: int | None = None, **overrides) -> Plan:
     """Plan for every calibrated MoE layer. `profile`: a CalibrationProfile or its directory. `model_or_specs`:
     the model (its fingerprint must match the profile's), a list of MoELayerSpec, or None (specs stored in the
     profile). `platform` (a Platform, or a name resolved here) gives the graph limits and the cost model; None = no
@@ -234,12 +236,16 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
     CPU queues overlapping; "cost" is the old group-by-group rule), or "threshold"
     when a hot_threshold is given (the ablation knob) or there is no platform; `hot_threshold=None` in threshold
     mode = one balanced expert's load, chunk * top_k / n_experts. The graph byte budget counts the NPU's stored
-    weight size (platform npu.weight_bytes, e.g. 1 for int8), else dtype_bytes."""
+    weight size (platform npu.weight_bytes, e.g. 1 for int8), else dtype_bytes. The NPU program budget
+    (residency.program_budget; knob npu_program_budget, default the platform's limits) reserves
+    `npu_attention_graphs` programs for attention (None: one per MoE layer, NPUMoE's attention on the NPU)."""
     if not isinstance(profile, CalibrationProfile):
         profile = CalibrationProfile.load(profile)
     k = PlanKnobs.of(knobs, **overrides)
     specs, plat = _specs(profile, model_or_specs), as_platform(platform)
     residency = _residency_rule(k, plat)
+    budget_, limits = program_budget(k.npu_program_budget, plat, residency,
+                                             len(specs) if npu_attention_graphs is None else npu_attention_graphs)
     npu = getattr(plat, "npu", None)
     limit = getattr(npu, "graph_limit_bytes", None)
     max_dim = getattr(npu, "max_dim", None)
@@ -273,12 +279,16 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
         routed = counts.mean(axis=1)         # expected routed tokens per chunk per expert: the CPU's load
         routed_ = routed.tolist()            # Python floats: the same sums, without a NumPy scalar per expert
         loads = [float(sum(routed_[e] for e in g.experts)) for g in groups]
+        model = None
+        if budget_ is not None and groups and residency == "makespan":     # one model: search, then budget
+            model = LayerMakespan(LayerCase([(g.experts, g.capacity) for g in groups], counts, spec.hidden,
+                                            spec.intermediate, spec.top_k, profile.chunk, k.dtype_bytes,
+                                            weight_size), plat)
         layer_flags = assign_residency(groups, residency, thr, plat, spec, None, k.dtype_bytes, loads=loads,
-                                       counts=counts, chunk=profile.chunk, npu_weight_bytes=weight_size)
-        if k.npu_program_budget is not None and groups and residency == "makespan":
-            budgeted.append((LayerMakespan(LayerCase([(g.experts, g.capacity) for g in groups], counts, spec.hidden,
-                                                     spec.intermediate, spec.top_k, profile.chunk, k.dtype_bytes,
-                                                     weight_size), plat), layer_flags))
+                                       counts=counts, chunk=profile.chunk, npu_weight_bytes=weight_size,
+                                       makespan_model=model)
+        if model is not None:
+            budgeted.append((model, layer_flags))
         flags += layer_flags
         all_groups += groups
         static = _memo(profile, ("entry", shape, tier_args, group_args), lambda: dict(
@@ -293,13 +303,15 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
                        "groups": [dict(g) for g in static["groups"]],
                        "expected_padding": static["expected_padding"],
                        "expected_drop_rate": static["expected_drop_rate"], "hot_threshold": thr, "notes": notes})
-    program_budget = k.npu_program_budget
-    if program_budget is not None and residency == "makespan":   # one budget over all layers, least makespan lost
-        flags = [f for layer in fit_program_budget(budgeted, program_budget) for f in layer]
-    elif program_budget is not None:        # other rules: the groups expecting the most tokens keep their program
+    unbounded = list(flags)
+    if budget_ is not None and residency == "makespan":   # one budget over all layers, least makespan lost
+        flags = [f for layer in fit_program_budget(budgeted, budget_) for f in layer]
+    elif budget_ is not None:        # other rules: the groups expecting the most tokens keep their program
         keep = set(sorted((i for i, f in enumerate(flags) if f),
-                          key=lambda i: (-all_groups[i].expected_tokens, i))[:program_budget])
+                          key=lambda i: (-all_groups[i].expected_tokens, i))[:budget_])
         flags = [i in keep for i in range(len(flags))]
+    if limits:
+        limits = {**limits, "resident_groups_unbounded": int(sum(unbounded))}
     flags = iter(fit_budget(all_groups, flags, k.npu_memory_budget_bytes))   # one budget over all layers
     for lp in layers:
         for g in lp["groups"]:
@@ -308,7 +320,8 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
     stored = {n: v for n, v in k.as_dict().items() if n not in ("saliency", "renormalize")} | {"residency": residency}
     return Plan(model_fingerprint=meta["model_fingerprint"], chunk=profile.chunk, saliency=k.saliency,
                 renormalize=bool(k.renormalize), platform=getattr(plat, "name", plat), knobs=stored, layers=layers,
-                calibration={n: meta.get(n) for n in ("workload", "n_tokens", "n_chunks", "created", "model", "dtype")})
+                calibration={n: meta.get(n) for n in ("workload", "n_tokens", "n_chunks", "created", "model", "dtype")},
+                limits=limits)
 
 
 def _dtype_of(model) -> str | None:
@@ -325,4 +338,5 @@ def variant_plan(profile, variant: str, model_or_specs=None, platform="m2-max",
     v = get_variant(variant)
     if v.experts != "plan":
         raise NpuMoeError(f"variant {variant!r} runs its experts without a plan ({v.experts}); nothing to build")
-    return build_plan(profile, model_or_specs, platform, PlanKnobs.of(knobs, **{**overrides, **v.plan_overrides}))
+    return build_plan(profile, model_or_specs, platform, PlanKnobs.of(knobs, **{**overrides, **v.plan_overrides}),
+                      npu_attention_graphs=None if v.attention == "npu" else 0)

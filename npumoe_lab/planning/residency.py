@@ -17,6 +17,14 @@ Modes (`RESIDENCY_MODES`):
 In every mode the resident set is then fitted into `npu_memory_budget_bytes` (when given) greedily by expected
 tokens per weight byte: a group that does not fit is skipped and smaller ones are still tried. A program budget
 (plan knob `npu_program_budget`, over all layers) is applied by plan.build_plan (makespan.fit_program_budget).
+
+The program budget by default (`program_budget`): a real ANE keeps about 120 compiled programs per process and
+compiles about 119 before compiles fail silently (platform npu.max_resident_programs / max_compiles, sourced, with
+their alternatives in the prior). Every resident group is one program and one compile, and so is every attention
+graph run on the NPU (one per layer), so a plan may keep min(programs, compiles) - attention graphs groups resident.
+Searched rules (makespan, cost, threshold) keep under it; forced all-resident plans (npumoe-base/-t/-tg,
+naive-npu) are not moved and their rows say `infeasible` (sim rows: feasible, infeasible_reason); budget "off"
+gives the unbounded plan, for comparison.
 """
 from __future__ import annotations
 
@@ -26,6 +34,7 @@ import math
 from npumoe_lab.devices.cost import expert_ffn_cost
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.planning.choices import RESIDENCY_MODES  # noqa: F401 - named apart: the CLI lists it without numpy
+from npumoe_lab.planning.knobs import PROGRAM_BUDGET_OFF
 from npumoe_lab.planning.makespan import LayerCase, choose_resident
 
 
@@ -54,6 +63,31 @@ def _ffn_seconds(device, g, capacity, hidden, intermediate, dtype_bytes, weight_
                                            weight_bytes=weight_bytes))
 
 
+def npu_limit(platform, key: str) -> float | None:
+    """A per-process limit of the platform's NPU (YAML npu.<key>), None where it states none."""
+    entry = (getattr(platform, "params", {}) or {}).get("npu", {}).get(key)
+    return None if not entry or entry.get("value") is None else float(entry["value"])
+
+
+def program_budget(given, platform, residency: str, attention_graphs: int) -> tuple[int | None, dict]:
+    """(resident expert groups allowed over all layers or None for no budget, the plan's `limits` entry saying
+    why). `given`: the knob (None: the platform's default, "off", or a whole number)."""
+    if given == PROGRAM_BUDGET_OFF:
+        return None, {"npu_program_budget": PROGRAM_BUDGET_OFF, "why": "unbounded plan asked for (budget off)"}
+    if given is not None:
+        return int(given), {"npu_program_budget": int(given), "why": "given"}
+    if platform is None or getattr(platform, "npu_shares_cpu", False) or residency == "all":
+        return None, {}
+    caps = {k: v for k in ("max_resident_programs", "max_compiles") if (v := npu_limit(platform, k)) is not None}
+    if not caps:
+        return None, {}
+    key = min(caps, key=caps.get)
+    budget = max(0, int(caps[key]) - int(attention_graphs))
+    return budget, {"npu_program_budget": budget,
+                    "why": f"{getattr(platform, 'name', platform)} {key} {caps[key]:g} less {attention_graphs} "
+                           "NPU attention graphs"}
+
+
 def fit_budget(groups, resident: list[bool], budget_bytes: int | None) -> list[bool]:
     """Keep the resident groups with the most expected tokens per byte that fit in budget_bytes."""
     if budget_bytes is None:
@@ -71,12 +105,13 @@ def fit_budget(groups, resident: list[bool], budget_bytes: int | None) -> list[b
 
 def assign_residency(groups, mode: str = "threshold", hot_threshold: float | None = None, platform=None,
                      spec=None, npu_memory_budget_bytes: int | None = None, dtype_bytes: int = 2,
-                     loads=None, counts=None, chunk: int | None = None, npu_weight_bytes: int | None = None
-                     ) -> list[bool]:
+                     loads=None, counts=None, chunk: int | None = None, npu_weight_bytes: int | None = None,
+                     makespan_model=None) -> list[bool]:
     """One flag per group (True = resident on the NPU, False = runs on the CPU). `loads` (cost mode): expected
     tokens per chunk each group would take on the CPU (the routed load: the CPU path drops nothing); default
     each group's expected kept tokens. `counts` [E, chunks] and `chunk` (makespan mode): the calibration's routed
-    counts per expert and chunk, and the chunk length."""
+    counts per expert and chunk, and the chunk length; `makespan_model`: their makespan.LayerMakespan when the
+    caller keeps it (build_plan: the program budget search reads the same one)."""
     if mode not in RESIDENCY_MODES:
         raise NpuMoeError(f"unknown residency mode {mode!r}; use one of: {', '.join(RESIDENCY_MODES)}")
     if mode == "makespan":
@@ -85,7 +120,7 @@ def assign_residency(groups, mode: str = "threshold", hot_threshold: float | Non
                               "counts [experts, chunks] and the chunk; use build_plan, or mode='threshold'")
         case = LayerCase([(g.experts, g.capacity) for g in groups], counts, spec.hidden, spec.intermediate,
                          spec.top_k, int(chunk), dtype_bytes, npu_weight_bytes)
-        resident = choose_resident(case, platform)[0]
+        resident = choose_resident(case, platform, model=makespan_model)[0]
     elif mode == "all":
         resident = [True] * len(groups)
     elif mode == "threshold":

@@ -178,7 +178,7 @@ def fitted_platforms(grid_platforms: str, fitted_dir) -> dict:
 
 def paper_check(routing: str = "synthetic:gini=0.6", seed: int = 0, sensitivity: bool = True, grid: dict = GRID,
                 platform_map: dict | None = None, draws: int = 100, sobol: int = 0, decode_tokens: int = 8,
-                decode_policy: str = "pipeline", with_metrics: bool = False):
+                decode_policy: str = "pipeline", with_metrics: bool = False, operating_point: str = "default"):
     """(table, sensitivity rows of the point setting, simulated grid rows): one table row per predictable paper
     number. `grid`: the simulated grid (default the paper's; tests pass a smaller one). `platform_map`: {grid
     platform name: platform spec to simulate instead} (e.g. its fit, fitted_platforms); rows keep the grid name.
@@ -187,14 +187,16 @@ def paper_check(routing: str = "synthetic:gini=0.6", seed: int = 0, sensitivity:
     0: none): in the claim rows' `sobol_top` / `settle` columns and `table.attrs["claims_sobol"]`. `decode_tokens` /
     `decode_policy`: the decode steps of every row (end-to-end claims are compared with e2e_s ratios; 0: with TTFT
     ratios, as before). `with_metrics`: also return the rows' per-draw metrics (papercheck_e2e.e2e_table's
-    intervals)."""
+    intervals). `operating_point` "paper": every plan at the percentile that puts npumoe's drop at the paper's
+    (sim/operating_point.py; where none reaches the band, the closest, said in the rows)."""
     rows, breakdown, metrics, bdraws, drawn, entries = [], {}, [], {}, {}, {}
     platform_map = platform_map or {}
     specs = [platform_map.get(n, n) for n in grid["platforms"].split(",")]
     back = {get_platform(s).name: n for n, s in zip(grid["platforms"].split(","), specs)}
     for row, res in iter_simulation(grid["geometry"], routing, ",".join(specs), "all", grid["prompt_len"],
                                     grid["chunk"], seed=seed, draws=draws, decode_tokens=decode_tokens,
-                                    decode_policy=decode_policy):
+                                    decode_policy=decode_policy, operating_point=operating_point,
+                                    off_band="closest"):
         row = {**row, "platform": back.get(row["platform"], row["platform"]), "platform_spec": row["platform"]}
         rows.append(row)
         if sobol and hasattr(res, "stream") and row["variant"] in (*BASELINES, "npumoe"):

@@ -44,6 +44,8 @@ from npumoe_lab.sim.decode import decode_routing, decode_stream, e2e_columns, e2
     step_counts, stream_decode_summary
 from npumoe_lab.execution.decode_policy import DEFAULT_DECODE_TOKENS, check_decode
 from npumoe_lab.sim.routing import parse_routing
+from npumoe_lab.sim.operating_point import (PAPER_DROP_TARGET, check_operating_point, operating_columns,
+                                            solve_percentile)
 
 WEIGHT_FORMATS = {"fp16": {}, "int8": {"npu_weight_bytes": "int8"}}   # -> platform override of the NPU's weights
 ENGINES = ("array", "ops")        # op streams as arrays (default) | the per-op replay (reference, timelines)
@@ -118,11 +120,59 @@ def _by_layout(variant, specs, profile, plats, knobs, memo=None, engine="ops") -
     """[(executor, [(platform, plan), ...]), ...]: one executor per distinct layout of the variant's plans."""
     groups = {}
     for plat in plats:
-        executor, plan = variant_executor(variant, specs, profile, plat, knobs, memo, engine)
+        executor, plan = variant_executor(variant, specs, profile, plat, knobs(plat) if callable(knobs) else knobs,
+                                          memo, engine)
         # one op stream for platforms with the same layout and the same stored NPU weight size (op bytes follow it)
         key = (executor.layout.layers if executor is not None else None, getattr(plat.npu, "weight_bytes", None))
         groups.setdefault(key, (executor, []))[1].append((plat, plan))
     return list(groups.values())
+
+
+def _chunks(src, specs, t, c, seed):
+    """The routing source's sampled chunks of a prompt, kept on the source (the operating point's solve and the
+    simulation read the same ones)."""
+    memo = src.__dict__.setdefault("_sampled_chunks", {})
+    key = (tuple(s.layer for s in specs), t, c, seed)
+    if key not in memo:
+        if len(memo) >= 64:
+            memo.clear()
+        memo[key] = src.chunks(specs, t, c, seed)
+    return memo[key]
+
+
+def _operating_points(geos, sources, plats, prompts, chunks, seed, plan_knobs, target, off_band) -> dict:
+    """{(model, chunk, id(platform)): OperatingPoint} of `--operating-point paper`, all solved before the first
+    row (an unreachable band stops the run before anything is computed)."""
+    import numpy as np      # lazy: this file imports no numpy at its top (pandas only)
+    out = {}
+    for name, _, geo in geos:
+        src, specs = sources[name], list(geo.moe)
+        for c in chunks:
+            profile = src.calibration_profile(specs, c, seed)
+            real = np.concatenate([routing_counts(_chunks(src, specs, t, c, seed), specs, t, c).real for t in prompts])
+            for p in plats:
+                pt = solve_percentile(profile, specs, p, real, plan_knobs, PAPER_DROP_TARGET if target is None
+                                      else target, labels=dict(model=name, routing=src.label))
+                if not pt.in_band and off_band == "error":
+                    raise NpuMoeError(f"--operating-point paper: {name}, chunk {c}, {p.label}: {pt.note}; use "
+                                      "--operating-point default, or other knobs (a larger --group-size or "
+                                      "--npu-program-budget off keeps more groups resident)")
+                out[(name, c, id(p))] = pt
+    return out
+
+
+def _knobs_at(points: dict, name: str, c: int, plan_knobs: dict):
+    """The plan knobs of a platform: the run's, with the paper operating point's percentile where solved."""
+    def knobs(plat) -> dict:
+        pt = points.get((name, c, id(plat)))
+        return plan_knobs if pt is None else {**plan_knobs, "percentile": pt.percentile}
+    return knobs
+
+
+def _plan_limit_columns(plan) -> dict:
+    """The program budget a plan was searched under (a number, 'off', or 'none' where none applied)."""
+    lim = getattr(plan, "limits", None) or {}
+    return {"npu_program_budget_used": str(lim.get("npu_program_budget", "none"))}
 
 
 def _row(name, src, v, plat, plan, t, c, weights, summary, prov, knobs, footprint=None) -> dict:
@@ -163,13 +213,15 @@ def _decode_array(geo, executor, counts, prompt_len, chunk, policy, configs, pri
 def simulate(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="m2-max", variants="all",
              prompt_len=1024, chunk=512, weights: str = "fp16", seed: int = 0, out=None, timeline: bool = False,
              draws: int = 0, engine: str = "array", workers: int = 1, decode_tokens: int = DEFAULT_DECODE_TOKENS,
-             decode_policy: str = "pipeline", **plan_knobs) -> pd.DataFrame:
+             decode_policy: str = "pipeline", operating_point: str = "default", off_band: str = "error",
+             **plan_knobs) -> pd.DataFrame:
     """Simulate every combination; returns (and writes to `out`) one row per (geometry, platform, variant,
     prompt length, chunk). Comma lists or lists for geometry, platforms (names or Platform objects, e.g. with
     overrides), variants, prompt_len and chunk."""
     df, timelines = simulate_with_timelines(geometry, routing, platforms, variants, prompt_len, chunk, weights, seed,
                                             timeline, draws=draws, engine=engine, workers=workers,
-                                            decode_tokens=decode_tokens, decode_policy=decode_policy, **plan_knobs)
+                                            decode_tokens=decode_tokens, decode_policy=decode_policy,
+                                            operating_point=operating_point, off_band=off_band, **plan_knobs)
     if out is not None:
         save_simulation(df, timelines, out)
     return df
@@ -178,14 +230,16 @@ def simulate(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="
 def simulate_with_timelines(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="m2-max",
                             variants="all", prompt_len=1024, chunk=512, weights: str = "fp16", seed: int = 0,
                             timeline: bool = False, draws: int = 0, engine: str = "array", workers: int = 1,
-                            decode_tokens: int = DEFAULT_DECODE_TOKENS, decode_policy: str = "pipeline", **plan_knobs):
+                            decode_tokens: int = DEFAULT_DECODE_TOKENS, decode_policy: str = "pipeline",
+                            operating_point: str = "default", off_band: str = "error", **plan_knobs):
     """(rows, the per-op timelines or None): simulate() without writing (the CLI prints before it writes).
     `workers`: processes over the grid's (geometry, chunk) units (sim/parallel.py: the same rows; 1: in this
     process, the default; None: the cores this process may use); timelines are built in this process."""
     workers = default_workers() if workers is None else workers
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise NpuMoeError(f"workers={workers!r}: give a whole number of worker processes >= 1 (1: in this process)")
-    if not timeline and workers > 1:
+    # the paper operating point solves its percentiles (and may stop before the first row) in this process
+    if not timeline and workers > 1 and operating_point == "default":
         check_decode(decode_tokens, decode_policy)
         rows = _parallel(geometry, routing, platforms, variants, prompt_len, chunk, weights, seed, draws, engine,
                          workers, {**plan_knobs, "decode_tokens": decode_tokens, "decode_policy": decode_policy})
@@ -194,7 +248,8 @@ def simulate_with_timelines(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.
     rows, frames = [], []
     for row, res in iter_simulation(geometry, routing, platforms, variants, prompt_len, chunk, weights, seed,
                                     draws=draws, engine="ops" if timeline else engine, decode_tokens=decode_tokens,
-                                    decode_policy=decode_policy, **plan_knobs):
+                                    decode_policy=decode_policy, operating_point=operating_point, off_band=off_band,
+                                    **plan_knobs):
         rows.append(row)
         if timeline:
             frames.append(to_frame(res.events).assign(variant=row["variant"], platform=row["platform"],
@@ -237,12 +292,21 @@ def save_simulation(df: pd.DataFrame, timelines, out) -> list[Path]:
 
 def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=1024, chunk=512, weights="fp16",
                     seed=0, draws: int = 0, engine: str = "array", decode_tokens: int = DEFAULT_DECODE_TOKENS,
-                    decode_policy: str = "pipeline", **plan_knobs):
+                    decode_policy: str = "pipeline", operating_point: str = "default",
+                    drop_target: float | None = None, off_band: str = "error", **plan_knobs):
     """(row, result) per combination; everything is checked before the first. result: engine "ops" a
     PrefillResult with its scheduled events; "array" a StreamResult (op stream + summary). `decode_tokens` N >= 1
-    adds N greedy decode steps under `decode_policy` (sim/decode.py: the e2e columns); 0: prefill-only rows."""
+    adds N greedy decode steps under `decode_policy` (sim/decode.py: the e2e columns); 0: prefill-only rows.
+    `operating_point` "paper": the percentile solved per (model, chunk, platform) for npumoe's drop at
+    `drop_target` (default the paper band's centre; sim/operating_point.py); where none reaches the band,
+    `off_band` "error" stops before the first row, "closest" simulates at the closest (rows say op_in_band
+    False)."""
     PlanKnobs.check_names(plan_knobs)
     check_decode(decode_tokens, decode_policy)
+    check_operating_point(operating_point, drop_target)
+    if off_band not in ("error", "closest"):
+        raise NpuMoeError(f"off_band {off_band!r}: use 'error' (stop where no percentile reaches the band) or "
+                          "'closest' (simulate at the closest, rows say op_in_band False)")
     if engine not in ENGINES:
         raise NpuMoeError(f"engine {engine!r}: use one of {', '.join(ENGINES)}")
     if isinstance(draws, bool) or not isinstance(draws, int) or draws < 0:
@@ -263,6 +327,8 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
         check_context(geo.context, c, f"--chunk {c} for geometry {name}")
         check_context(geo.context, t, f"--prompt-len {t} for geometry {name}")
     sources = {name: _routing_source(routing, tuple(geo.moe), seed) for name, _, geo in geos}   # all checked first
+    points = _operating_points(geos, sources, plats, prompts, chunks, seed, plan_knobs, drop_target, off_band) \
+        if operating_point == "paper" else {}
     if not all(array_priced(p) for p in plats):      # a structure price_stream lacks: the per-op engine, no interval
         engine, draws = "ops", 0
     drawn = {id(p): parameter_draws(p, draws, seed) for p in plats} if draws else {}
@@ -285,9 +351,10 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
                 profile = src.calibration_profile(specs, c, seed)
                 # per variant: platforms whose plans have the same layout share one op stream, priced on each
                 memo = {}
-                built = {v.name: _by_layout(v, specs, profile, plats, plan_knobs, memo, engine) for v in vlist}
+                knobs_at = _knobs_at(points, name, c, plan_knobs)
+                built = {v.name: _by_layout(v, specs, profile, plats, knobs_at, memo, engine) for v in vlist}
                 for t in prompts:
-                    routed = src.chunks(specs, t, c, seed)
+                    routed = _chunks(src, specs, t, c, seed)
                     counts = routing_counts(routed, specs, t, c) if engine == "array" or draws else None
                     for v in vlist:
                         for executor, members in built[v.name]:
@@ -329,8 +396,9 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
                                 fp = plan_columns(None if executor is None else executor.layout,
                                                   res.stream if isinstance(res, StreamResult) else res.events, plat,
                                                   sum(s.n_experts for s in specs))
+                                fp.update(_plan_limit_columns(plan), **operating_columns(points.get((name, c, id(plat)))))
                                 yield _row(name, src, v, plat, plan, t, c, weights, {**res.summary, **extra(plat)},
-                                           prov, plan_knobs, fp), res
+                                           prov, knobs_at(plat), fp), res
     finally:
         bar.close()
         if engine == "ops":

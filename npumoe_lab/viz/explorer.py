@@ -37,6 +37,7 @@ from npumoe_lab.sim.array_replay import stream_events, summarize_stream
 from npumoe_lab.sim.routing import PopularityRouting, parse_routing
 from npumoe_lab.sim.run import variant_executor
 from npumoe_lab.sim.stream import build_stream, routing_counts
+from npumoe_lab.sim.operating_point import check_operating_point, solve_percentile
 from npumoe_lab.planning.variants import get_variant
 from npumoe_lab.workloads import get_workload
 
@@ -216,6 +217,24 @@ class PlanLab:
         return {**res.summary, **logit_agreement(self._reference[knobs.chunk], res.logits),
                 "wall_s": time.perf_counter() - t0}
 
+    def paper_point(self, knobs: Knobs):
+        """The paper operating point of this setting (sim/operating_point.solve_percentile on the prompt's
+        routing): the percentile at which npumoe drops the paper's 10-22 %, or the closest."""
+        profile, _ = self.profile_at(knobs.chunk)
+        given = {n: v for n, v in vars(knobs.plan_knobs(self.specs[0])).items() if n != "percentile"}
+        return solve_percentile(profile, self.specs, self._platform(knobs.platform), self.counts_at(knobs.chunk).real,
+                                {n: v for n, v in given.items() if v is not None and v != getattr(_DEFAULT, n)},
+                                labels=dict(model=self.name, routing=self.routing_label))
+
+    def at_operating_point(self, knobs: Knobs, operating_point: str = "default") -> Knobs:
+        """`knobs` as they are ("default"), or at the paper point's percentile ("paper"; says what it chose)."""
+        check_operating_point(operating_point)
+        if operating_point == "default":
+            return knobs
+        pt = self.paper_point(knobs)
+        print(f"operating point paper ({self.name}, chunk {knobs.chunk}, {knobs.platform}): {pt.note}")
+        return replace(knobs, percentile=pt.percentile)
+
     def _check(self, knobs: Knobs):
         if knobs.chunk not in self.chunk_options():
             raise NpuMoeError(f"chunk {knobs.chunk} is not offered for a prompt of {self.prompt_len} tokens; use one "
@@ -273,14 +292,16 @@ def _load(profile):
 
 
 def explore(model_or_geometry="tiny", profile=None, *, layer: int | None = None, knobs: Knobs | None = None,
-            **lab_kwargs):
+            operating_point: str = "default", **lab_kwargs):
     """The interactive explorer (an ipywidgets VBox): sliders for the plan knobs, live panels of the plan and its
-    modeled prefill against the baselines. Arguments as `make_lab`; `knobs`: the starting setting."""
+    modeled prefill against the baselines. Arguments as `make_lab`; `knobs`: the starting setting;
+    `operating_point` "paper": start at the percentile that puts npumoe's drop in the paper's band (printed)."""
     from npumoe_lab.viz.explorer_app import Explorer  # lazy: ipywidgets only when the app is asked for
     lab = make_lab(model_or_geometry, profile, **lab_kwargs)
     start = knobs or Knobs(chunk=lab_kwargs.get("chunk", 128))
     if start.chunk not in lab.chunk_options():
         start = replace(start, chunk=lab.chunk_options()[-1])
+    start = lab.at_operating_point(start, operating_point)
     return Explorer(lab, start, layer=layer)
 
 

@@ -36,7 +36,8 @@ def test_demo_end_to_end_on_one_cell(tmp_path, monkeypatch):
     assert summary_sources(text)[("npumoe", "cpu")][1] != "measured"   # energy: measured time x modeled power
     assert set(load_results(out / "paper-scale").geometry) == {"qwen3-30b-a3b", "phi-3.5-moe", "phi-tiny-moe"}
     figures = {p.name for p in (out / "figures").iterdir()}
-    assert {"baselines.png", "baselines.pdf", "paper-scale-baselines.png", "paper-scale-ablation.pdf"} <= figures
+    assert {"baselines.png", "baselines.pdf", "paper-scale-baselines.png", "paper-scale-ablation.pdf",
+            "ttft-vs-drop.png"} <= figures
     (cell,) = (out / "sweep" / "cells").iterdir()
     outputs = [o.get("text", "") for c in json.loads((cell / "executed.ipynb").read_text())["cells"]
                for o in c.get("outputs", [])]

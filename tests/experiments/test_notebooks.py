@@ -195,7 +195,7 @@ def test_05_baselines(baselines):
     assert (df[df.variant == "reference"].drop_rate == 0).all()
     text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
     assert "paper 2.89x" in text   # the ablation report next to the paper's numbers
-    assert len(images(nb)) == 2    # baselines + ablation
+    assert len(images(nb)) == 3    # baselines + ablation + TTFT against drop rate
 
 
 @pytest.mark.slow
@@ -230,7 +230,7 @@ def test_08_paper_scale(kernel_env, tmp_path):
     assert not errors(nb)
     rows = load_results(tmp_path / "rows")
     assert len(rows) == 9 and set(rows.numerics_source) == {"none"} and set(rows.timing_source) == {"modeled"}
-    assert len(images(nb)) == 2                 # main figure + ablation
+    assert len(images(nb)) == 3                 # main figure + ablation + TTFT against drop rate
     text = "".join(o.get("data", {}).get("text/markdown", "") for c in nb.cells for o in c.get("outputs", []))
     assert "Where NPUMoE loses" in text and "phi-tiny-moe" in text
 

@@ -88,7 +88,8 @@ def test_a_faster_npu_gives_npumoe_a_ttft_no_higher():
     p = plain.set_index("variant")
     assert fast.ttft_s.iloc[0] <= p.at["npumoe", "ttft_s"]
     assert p.at["npumoe", "n_npu_groups"] > 0 and p.at["npumoe", "ttft_s"] < p.at["anemll", "ttft_s"]
-    assert p.at["npumoe", "drop_rate"] > 0.005                 # the measured routing variation drops tokens
+    # the measured routing variation drops tokens (in the resident groups only: 71 under the ANE's program budget)
+    assert p.at["npumoe", "drop_rate"] > 0.002
 
 
 def _measured(plan, profile):
