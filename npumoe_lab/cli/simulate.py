@@ -31,7 +31,9 @@ def summary_table(df) -> str:
     has_iv = {"ttft_s_lo", "ttft_s_hi"} <= set(df.columns)
     if len(df) <= LONG_TABLE_ROWS:
         cols = ["model", "platform", "prompt_len", "chunk", "variant", "ttft_s", *(["ttft_s_lo", "ttft_s_hi"]
-                if has_iv else []), "energy_per_token_mj", "cpu_cycles", "n_npu_calls", "drop_rate", "pad_rate"]
+                if has_iv else []), "tpot_s", "e2e_s", *(["e2e_s_lo", "e2e_s_hi"] if has_iv else []),
+                "energy_per_token_mj", "cpu_cycles", "n_npu_calls", "npu_programs", "feasible", "percentile",
+                "drop_rate", "pad_rate"]
         return df[[c for c in cols if c in df.columns]].to_string(index=False)
     cell = df.apply(lambda r: _s(r.ttft_s) + (f" [{_s(r.ttft_s_lo)}-{_s(r.ttft_s_hi)}]" if has_iv else ""),
                     axis=1)

@@ -211,8 +211,9 @@ def draw_figures(out: Path) -> list[Path]:
 
 
 def drop_curve_figures(out: Path, profiles) -> list[Path]:
-    """TTFT against npumoe's drop rate over a tier-percentile sweep on the bundled model (its geometry, the demo's
-    own calibration profile as the routing; modeled m2-max and m2-ultra), one figure per profile's chunk."""
+    """TTFT against npumoe's drop rate over a tier-percentile sweep on the calibrated model (the geometry of the
+    profile's model, the bundled one unless the profile names another folder; the demo's own calibration profile as
+    the routing; modeled m2-max and m2-ultra), one figure per profile's chunk."""
     # lazy: the demo's parts load only when it runs (python -m ... --help stays quick)
     from npumoe_lab.models import TINY_MODEL_DIR
     from npumoe_lab.planning.profile import CalibrationProfile
@@ -221,8 +222,10 @@ def drop_curve_figures(out: Path, profiles) -> list[Path]:
     from npumoe_lab.viz.plots import save_figure
     figs = []
     for prof in profiles:
-        chunk = CalibrationProfile.load(prof).chunk
-        rows = percentile_sweep(str(TINY_MODEL_DIR / "config.json"), f"profile:{prof}", "m2-max,m2-ultra",
+        profile = CalibrationProfile.load(prof)
+        chunk, config = profile.chunk, Path(str(profile.meta.get("model", ""))) / "config.json"
+        geometry = config if profile.meta.get("model") and config.is_file() else TINY_MODEL_DIR / "config.json"
+        rows = percentile_sweep(str(geometry), f"profile:{prof}", "m2-max,m2-ultra",
                                 prompt_len=2 * chunk, chunk=chunk)
         name = "ttft-vs-drop" if len(profiles) == 1 else f"ttft-vs-drop-{prof.name}"
         figs += save_figure(plot_ttft_vs_drop(rows), out / "figures", name)

@@ -11,6 +11,8 @@ touch the same experts).
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from npumoe_lab.errors import NpuMoeError
@@ -47,6 +49,10 @@ def decode_routing(src, specs, n_tokens: int, seed: int) -> list:
     """[step] -> {layer: (top_k_index [1, K], weights [1, K], norms [1])}: one token per step from the source."""
     if not n_tokens:
         return []
+    if hasattr(src, "_sampled") and hasattr(src, "_gini"):
+        # a view of the source with its own memo of draws: the prefill's draws and routing_gini stay as they were
+        src = copy.copy(src)
+        src._sampled, src._gini = {}, {}
     steps = src.chunks(specs, n_tokens, 1, seed + DECODE_SEED)[:n_tokens]
     return [{layer: tuple(None if x is None else x[:1] for x in r) for layer, r in step.items()} for step in steps]
 

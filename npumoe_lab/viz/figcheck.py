@@ -123,7 +123,9 @@ def _data_boxes(ax, renderer) -> list:
     box, px = ax.get_window_extent(renderer), ax.figure.dpi / 72
     out = []
     for patch in ax.patches:
-        if isinstance(patch, Rectangle) and patch.get_visible() and patch.get_width() and patch.get_height():
+        # a span across the panel (axvspan, axhspan: a shaded band, not in data coordinates) is a background
+        if isinstance(patch, Rectangle) and patch.get_visible() and patch.get_width() and patch.get_height() \
+                and patch.get_data_transform() is ax.transData:
             out.append(("a bar", patch.get_window_extent(renderer)))
     for coll in ax.collections:
         if not coll.get_visible():
