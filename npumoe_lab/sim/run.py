@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from npumoe_lab.devices import as_platform
@@ -43,7 +44,7 @@ from npumoe_lab.sim.parallel import default_workers, parallel_rows
 from npumoe_lab.sim.decode import decode_routing, decode_stream, e2e_columns, e2e_draws, replay_decode, \
     step_counts, stream_decode_summary
 from npumoe_lab.execution.decode_policy import DEFAULT_DECODE_TOKENS, check_decode
-from npumoe_lab.sim.routing import parse_routing
+from npumoe_lab.sim.routing import gini, parse_routing
 from npumoe_lab.sim.operating_point import (PAPER_DROP_TARGET, check_operating_point, operating_columns,
                                             solve_percentile)
 
@@ -173,6 +174,16 @@ def _plan_limit_columns(plan) -> dict:
     """The program budget a plan was searched under (a number, 'off', or 'none' where none applied)."""
     lim = getattr(plan, "limits", None) or {}
     return {"npu_program_budget_used": str(lim.get("npu_program_budget", "none"))}
+
+
+def _routed_gini(routed: list, specs) -> float:
+    """Mean over MoE layers of the Gini of this prompt's sampled per-expert counts (its own chunks, whatever the
+    routing source sampled before or after: memoised draws, other prompts, decode steps)."""
+    out = []
+    for s in specs:
+        idx = np.concatenate([np.asarray(ch[s.layer][0]).ravel() for ch in routed])
+        out.append(gini(np.bincount(idx[idx >= 0], minlength=s.n_experts)))
+    return float(np.mean(out)) if out else 0.0
 
 
 def _row(name, src, v, plat, plan, t, c, weights, summary, prov, knobs, footprint=None) -> dict:
@@ -355,6 +366,7 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
                 built = {v.name: _by_layout(v, specs, profile, plats, knobs_at, memo, engine) for v in vlist}
                 for t in prompts:
                     routed = _chunks(src, specs, t, c, seed)
+                    rgini = _routed_gini(routed, specs) if hasattr(src, "_gini") else src.gini()
                     counts = routing_counts(routed, specs, t, c) if engine == "array" or draws else None
                     for v in vlist:
                         for executor, members in built[v.name]:
@@ -397,8 +409,9 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
                                                   res.stream if isinstance(res, StreamResult) else res.events, plat,
                                                   sum(s.n_experts for s in specs))
                                 fp.update(_plan_limit_columns(plan), **operating_columns(points.get((name, c, id(plat)))))
-                                yield _row(name, src, v, plat, plan, t, c, weights, {**res.summary, **extra(plat)},
-                                           prov, knobs_at(plat), fp), res
+                                row = _row(name, src, v, plat, plan, t, c, weights, {**res.summary, **extra(plat)},
+                                           prov, knobs_at(plat), fp)
+                                yield {**row, "routing_gini": rgini}, res
     finally:
         bar.close()
         if engine == "ops":

@@ -39,7 +39,7 @@ def drift_figure(report):
 @pk.styled
 def fronts_figure(fronts: dict):
     """Pareto fronts of the tuner, one per budget label -> front DataFrame (TTFT modeled, drop replayed)."""
-    fig, axes = figure(1, 1, 5.0, 3.4)
+    fig, axes = figure(1, 1, 6.4, 3.6)
     ax = axes[0, 0]
     for label, f in fronts.items():
         f = f.sort_values("ttft_ms")
@@ -47,9 +47,10 @@ def fronts_figure(fronts: dict):
     ax.set(xlabel="TTFT (ms, modeled)", ylabel="dropped assignments (%, replayed routing)",
            title="tuner Pareto fronts (TTFT x drop; energy in the tables)")
     ax.title.set_fontsize(8)
-    ax.text(0.99, 0.98, "TTFT: modeled; drop rate: replayed routing (no numerics)", transform=ax.transAxes,
-            ha="right", va="top", fontsize=6, color="0.3", gid=pk.SOURCE_GID)
-    ax.legend(fontsize=6, loc="lower left")
+    ax.text(0.0, -0.16, "TTFT: modeled; drop rate: replayed routing (no numerics)", transform=ax.transAxes,
+            ha="left", va="top", fontsize=6, color="0.3", gid=pk.SOURCE_GID)     # under the panel: off the data
+    # the legend beside the panel: inside, some front always runs under it
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     if getattr(fig, "_suptitle", None) is None:
         fig.suptitle("Pareto fronts of the tuner (TTFT x drop, modeled): " + ", ".join(map(str, fronts)), fontsize=8)
     return fig
