@@ -85,6 +85,12 @@ def estimated_s(s: Setting, calib_tokens: int = 2048) -> float:
     return (repeats_of(s) + 1) * prefill_s(s) + calib + (3.0 if s.qwen else 0.5)
 
 
+def min_prompt_len(workload: str) -> int:
+    """The shortest prompt a workload builds (ruler tasks need room for their needles and question)."""
+    from npumoe_lab.workloads import get_workload    # lazy: the workload registry, only when drawing
+    return int(get_workload(workload).min_prompt_len)
+
+
 def draw(seed: int, budget_s: float | None = None, n: int | None = None, max_n: int = 400) -> list[Setting]:
     """The held-out settings of `seed`: the first `n` draws, or (budget_s) draws in order while their estimated
     cost fits the budget (at least one). Deterministic per (seed, budget_s, n)."""
@@ -95,6 +101,8 @@ def draw(seed: int, budget_s: float | None = None, n: int | None = None, max_n: 
     rng, out, spent = random.Random(seed), [], 0.0
     while len(out) < (n or max_n):
         s = draw_one(rng)
+        if s.prompt_len < min_prompt_len(s.workload):    # a setting the workload cannot build: drawn again
+            continue
         if budget_s is not None:
             cost = estimated_s(s)
             if out and spent + cost > budget_s:

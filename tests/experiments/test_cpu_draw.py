@@ -78,3 +78,9 @@ def test_the_measure_grid_spans_the_declared_held_out_grid():
         prefills = grid(geom)["prefills"]
         assert {c for _, _, c, _ in prefills} >= ({32, 512} if geom != "tiny" else set(cd.CHUNKS))
         assert max(p for _, _, _, p in prefills) >= cd.PROMPT_RANGE[1]
+
+
+def test_every_drawn_prompt_is_one_its_workload_can_build():
+    from npumoe_lab.experiments.cpu_draw import draw, min_prompt_len
+    for seed in (5372108, 20261203, 7):
+        assert all(s.prompt_len >= min_prompt_len(s.workload) for s in draw(seed, n=60))
