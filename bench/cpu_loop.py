@@ -125,6 +125,10 @@ def main(argv=None) -> int:
         _cli(["fit-device", "--platform", "cpu", "--measurements", out / "measure", "--out", out / "fit"]
              + (["--include-busy"] if a.include_busy else []))
     step(f"3. {len(settings)} drawn held-out runs (run --platform cpu --timeline)")
+    if (out / "runs").exists():       # an earlier draw's runs would be validated with this one's: moved aside
+        old = out / f"runs-before-{time.strftime('%Y%m%dT%H%M%S')}"
+        (out / "runs").rename(old)
+        print(f"earlier runs moved to {old}", flush=True)
     cache = {}
     for i, s in enumerate(settings):
         print(f"-- run {i + 1}/{len(settings)}: {s.label()} ({time.strftime('%H:%M:%S')})", flush=True)
