@@ -8,15 +8,20 @@ from npumoe_lab.cli.common import list_help, over_cells, terminal_text
 from npumoe_lab.cli.output import save_png, writes
 
 
+def _per_platform(a, run_one) -> tuple:
+    """(platform specs of --platform, effects, probabilities): `run_one(spec)` -> (effects, probs) per platform."""
+    import pandas as pd      # lazy: see _morris
+    specs = [x.strip() for x in a.platform.split(",") if x.strip()]
+    parts = [run_one(spec) for spec in specs]
+    return (specs, pd.concat([e for e, _ in parts], ignore_index=True),
+            pd.concat([p for _, p in parts], ignore_index=True))
+
+
 def _morris(a) -> int:
     # lazy: pandas, SALib and torch load only when the command runs (`--help` stays fast)
-    import pandas as pd
     from npumoe_lab.sim.global_sensitivity import report as global_report, run_global
-    specs = [x.strip() for x in a.platform.split(",") if x.strip()]
-    parts = [run_global(spec, a.geometry, a.routing, a.prompt_len, a.chunk, a.weights, a.trajectories, seed=a.seed)
-             for spec in specs]
-    effects = pd.concat([e for e, _ in parts], ignore_index=True)
-    probs = pd.concat([p for _, p in parts], ignore_index=True)
+    specs, effects, probs = _per_platform(a, lambda spec: run_global(
+        spec, a.geometry, a.routing, a.prompt_len, a.chunk, a.weights, a.trajectories, seed=a.seed))
     out = Path(a.out)
     text = (f"# Global sensitivity of the modeled conclusions: {a.geometry}, prompt {a.prompt_len}, chunk {a.chunk}, "
             f"routing {a.routing}; platforms {', '.join(specs)} (every number modeled; SALib Morris, "
@@ -33,19 +38,15 @@ def _morris(a) -> int:
 
 def _sobol(a) -> int:
     # lazy: pandas, SALib and torch load only when the command runs (`--help` stays fast)
-    import pandas as pd
     from npumoe_lab.sim.global_sensitivity import run_sobol, sobol_report
-    specs = [x.strip() for x in a.platform.split(",") if x.strip()]
-    parts = [run_sobol(spec, a.geometry, a.routing, a.prompt_len, a.chunk, a.weights, a.sobol_n, seed=a.seed)
-             for spec in specs]
-    effects = pd.concat([e for e, _ in parts], ignore_index=True)
-    probs = pd.concat([p for _, p in parts], ignore_index=True)
+    specs, effects, probs = _per_platform(a, lambda spec: run_sobol(
+        spec, a.geometry, a.routing, a.prompt_len, a.chunk, a.weights, a.sobol_n, seed=a.seed))
     out = Path(a.out)
     text = (f"# Sobol sensitivity of the modeled conclusions: {a.geometry}, prompt {a.prompt_len}, chunk {a.chunk}, "
             f"routing {a.routing}; platforms {', '.join(specs)} (every number modeled; SALib Sobol, Saltelli N = "
             f"{a.sobol_n}, over each platform's draws: posterior, prior for the rest, predictive noise)\n\n"
             + sobol_report(effects, probs) + "\n")
-    print(text, flush=True)                  # first: a full disk cannot lose the report
+    print(terminal_text(text), flush=True)    # first: a full disk cannot lose the report (the file keeps it whole)
     with writes(out, "the report is printed above"):
         out.mkdir(parents=True, exist_ok=True)
         effects.assign(timing_source="modeled").to_csv(out / "sensitivity_effects.csv", index=False)
