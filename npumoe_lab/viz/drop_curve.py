@@ -64,7 +64,7 @@ def plot_ttft_vs_drop(rows: pd.DataFrame, band=(0.10, 0.22)):
     title = (f"{' and '.join(METRICS[m].split(' (')[0] for m in metrics)} against npumoe's drop rate over a "
              f"tier-percentile sweep (point labels: percentile; hollow: a plan over the ANE's program limit). "
              f"Prompt {r0.prompt_len}, chunk {r0.chunk}; every value modeled (platforms {', '.join(plats)})"
-             f"; routing {r0.routing_source.split(',')[0]}")
+             f"; routing {r0.routing_source.split(' (')[0].split(',')[0]}")
     fig.suptitle("\n".join(textwrap.wrap(title, 90 * len(models))), fontsize=7)
     return fig
 
