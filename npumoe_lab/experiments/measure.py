@@ -7,8 +7,9 @@ Every row is ONE op as the engine runs it (never a whole forward's total, which 
   through ONNX Runtime or Core ML when the device says so);
 - attention at several contexts, the router, dispatch / pack / scatter (gather-scatter), the dynamic (cold) and HF
   experts at their actual loads, and each chunk's rest (embedding, norms, LM head: a call floor), each taken from
-  the engine's own clock (execution/clock.py) in short prefills of a ONE-layer model of the geometry (two layers for
-  the tiny one, so the per-layer and per-chunk floors separate).
+  the engine's own clock (execution/clock.py) in short prefills of a ONE-layer model of the Qwen3-30B-A3B geometry
+  (its weights never fit a cache) and of the tiny geometry at the bundled model's depth (and two layers, so the
+  per-layer and per-chunk floors separate).
 Geometries: the bundled tiny model and Qwen3-30B-A3B (random weights). Each timing is the median over `repeats`
 interleaved repeats; the host load over the timed calls is recorded (devices/hostload.py) and rows taken on a busy
 host are flagged `host_busy` (fit-device and validate-device skip and count them).
@@ -36,6 +37,7 @@ from npumoe_lab.execution.ops import Op
 from npumoe_lab.execution.runtime import PrefillConfig, run_prefill
 from npumoe_lab.experiments.geometry_model import random_ids, random_model
 from npumoe_lab.models import describe
+from npumoe_lab.models.loading import TINY_MODEL_DIR
 from npumoe_lab.planning.layout import ExecutionLayout
 from npumoe_lab.results.atomic import atomic_open
 from npumoe_lab.utils import host_description, progress
@@ -49,6 +51,10 @@ SCHEMA_KIND = {"attention": "attention", "router": "router", "dispatch": "gather
                "shared_experts": "gemm", "other": "call_floor"}
 MEASUREMENTS_FILE = "measurements.yaml"
 MODES = ("hf", "dynamic", "static", "mixed")      # experts paths of the prefill grid (_set_mode)
+# the tiny geometry adds one-expert groups (naive-npu's layout): their calls cost more inside a prefill, where the
+# expert's weights come from memory, than a micro-benchmark's repeated call of one group
+TINY_MODES = MODES + ("naive",)
+FLUSH_BYTES = 64 << 20      # > any L3 of the CPUs seen here (32 MB): group rows are timed with cold caches
 
 
 def grid(geometry: str, quick: bool = False) -> dict:
@@ -56,12 +62,17 @@ def grid(geometry: str, quick: bool = False) -> dict:
     # The full grid spans the CPU loop's declared held-out grid (chunks 32-512, contexts to 2048: cpu_draw.py), so
     # a held-out run is priced inside the fit rows' range, never by extrapolation.
     if geometry == "tiny":
+        # At the bundled model's own depth: its fp32 weights (~58 MB) do not fit this class of CPU's L3 (32 MB)
+        # while one layer's (~18 MB with the embedding) does, so 1-layer prefills time every expert and attention
+        # op with its weights in cache, and a real run streams them from memory each chunk (see cpu_model.py).
+        depth = bundled_depth()
         chunks, prompt = ((64, 256) if quick else (64, 128, 256)), (256 if quick else 512)
         caps, sizes = ((1, 16, 64) if quick else (1, 4, 16, 64, 256)), (1, 4, 16)
-        prefills = [(m, 1, c, prompt) for m in MODES for c in chunks] + [("dynamic", 2, c, prompt) for c in chunks]
+        prefills = [(m, depth, c, prompt) for m in TINY_MODES for c in chunks] + \
+            [("dynamic", 2, c, prompt) for c in chunks]
         if not quick:
-            prefills += [(m, 1, c, prompt) for m in MODES for c in (32, 512)] + \
-                [(m, 1, 512, 2048) for m in ("hf", "dynamic", "static")]
+            prefills += [(m, depth, c, prompt) for m in TINY_MODES for c in (32, 512)] + \
+                [(m, depth, 512, 2048) for m in ("hf", "dynamic", "static")]
     else:
         chunks, prompt = ((256,) if quick else (128, 512)), (512 if quick else 1024)
         caps, sizes = ((8, 64) if quick else (8, 32, 128, 512)), ((1, 8) if quick else (1, 8, 32))
@@ -69,6 +80,11 @@ def grid(geometry: str, quick: bool = False) -> dict:
         if not quick:
             prefills += [(m, 1, 32, 128) for m in MODES] + [("static", 1, 512, 2048)]
     return {"prefills": prefills, "capacities": caps, "group_sizes": sizes}
+
+
+def bundled_depth() -> int:
+    """The bundled model's layer count (its config), the depth of the tiny geometry's measured prefills."""
+    return int(json.loads((Path(TINY_MODEL_DIR) / "config.json").read_text())["num_hidden_layers"])
 
 
 def host_chip() -> str:
@@ -103,21 +119,22 @@ def _row(rid, op, times, load, device, geometry, dtype_name, extra_work=None, no
 
 
 # -- the op grid ------------------------------------------------------------------------------------------------
-def _static_layout(specs, chunk: int, resident_share: float = 1.0, load_factor: float = 2.0):
-    """Groups of 8 experts at `load_factor` x the mean load (what a plan of this chunk looks like); the first
+def _static_layout(specs, chunk: int, resident_share: float = 1.0, load_factor: float = 2.0, size: int = 8):
+    """Groups of `size` experts at `load_factor` x the mean load (what a plan of this chunk looks like); the first
     `resident_share` of the experts resident, the rest cold (one per group: the dynamic CPU path)."""
     groups = {}
     for s in specs:
         cap = max(8, int(load_factor * chunk * s.top_k / s.n_experts + 7) // 8 * 8)
         n_res = int(round(resident_share * s.n_experts))
-        groups[s.layer] = [(tuple(range(i, min(i + 8, n_res))), cap, True) for i in range(0, n_res, 8)] + \
+        groups[s.layer] = [(tuple(range(i, min(i + size, n_res))), cap, True) for i in range(0, n_res, size)] + \
                           [((e,), 1, False) for e in range(n_res, s.n_experts)]
     return ExecutionLayout.build(specs, groups)
 
 
 def _set_mode(model, mode, specs, chunk, npu_backend):
     """hf: HF's eager experts; dynamic: every expert cold (dropless); static: every expert resident; mixed: half
-    resident at the mean load with overflow spilled to the CPU, half cold (cold, spill and scatter with parts)."""
+    resident at the mean load with overflow spilled to the CPU, half cold (cold, spill and scatter with parts);
+    naive: every expert resident in its own group."""
     detach(model)
     if mode == "hf":
         model.set_experts_implementation("eager")
@@ -125,6 +142,8 @@ def _set_mode(model, mode, specs, chunk, npu_backend):
         attach(model, ExecutionLayout.dropless(specs), cold="dynamic")
     elif mode == "mixed":
         attach(model, _static_layout(specs, chunk, 0.5, 1.0), npu_backend=npu_backend, spill=True)
+    elif mode == "naive":
+        attach(model, _static_layout(specs, chunk, size=1), npu_backend=npu_backend)
     else:
         attach(model, _static_layout(specs, chunk), npu_backend=npu_backend)
 
@@ -185,11 +204,13 @@ def group_rows(model, geometry, capacity, sizes, repeats, device, npu_backend, d
     for fn, args in calls:       # warm-up (first calls pay kernel selection, allocation)
         fn(*args)
     load, times = HostLoad(), [[] for _ in calls]
+    flush = torch.empty(FLUSH_BYTES // 4)
     for r in range(repeats):
         order = list(range(len(calls)))
         order = order[r % len(order):] + order[:r % len(order)]     # interleaved: noise hits every size alike
         for j in order:
             fn, args = calls[j]
+            flush.fill_(r + j)         # untimed: evict the group's weights, as a prefill's other layers do
             with load.measuring():
                 t0 = time.perf_counter()
                 fn(*args)

@@ -3,17 +3,19 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from npumoe_lab.devices import cpu_model as cm
 from npumoe_lab.devices.cost import attention_cost, dense_cost, expert_ffn_cost, memory_cost
 from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.execution.engine import dynamic_experts_cost
 
 TRUE = {**{f"call_s_{k}": v for k, v in zip(cm.CALL_KINDS, (4e-4, 6e-5, 5e-5, 2e-4, 3e-4, 4e-5, 9e-5, 1.2e-4,
                                                             3.5e-5))},
         "call_s_group_expert": 6e-6, "call_s_gather": 7e-5, "call_s_scatter_part": 1.5e-5, "other_op_s": 2e-5,
         "peak_flops": 4.0e11, "work_half_flops": 2.0e7, "rows_half": 6.0, "large_flops": 8.0e11,
-        "large_rows_half": 20.0, "bandwidth_bytes_s": 1.5e10, "attention_flops": 8.0e10, "lm_head_flops": 6.0e11,
-        "other_chunk_s": 5e-4, "other_layer_s": 8e-5}
+        "large_rows_half": 20.0, "bandwidth_bytes_s": 1.5e10, "attention_flops": 8.0e10, "attention_gemm_flops": 5.0e11,
+        "lm_head_flops": 6.0e11, "lm_head_bytes_s": 4.0e9, "other_chunk_s": 5e-4, "other_layer_s": 8e-5}
 
 
 def rec(kind, cost, shape=(), context=None):
@@ -83,7 +85,8 @@ def test_attention_scores_priced_apart_and_grow_with_context():
     scores = 4.0 * t * (past + t) * nh * hd
     proj = cost.flops - scores
     u = proj / (proj + TRUE["work_half_flops"]) * t / (t + TRUE["rows_half"])
-    want = TRUE["call_s_attention"] + max(proj / (TRUE["peak_flops"] * u), cost.bytes / TRUE["bandwidth_bytes_s"]) \
+    want = TRUE["call_s_attention"] + \
+        max(proj / (TRUE["attention_gemm_flops"] * u), cost.bytes / TRUE["bandwidth_bytes_s"]) \
         + scores / TRUE["attention_flops"]
     assert cm.price(TRUE, rec("attention", cost, (t, past))) == pytest.approx(want, rel=1e-12)
     longer = cm.price(TRUE, rec("attention", attention_cost(t, 4 * past, H, nh, nkv, hd), (t, 4 * past)))
@@ -92,14 +95,34 @@ def test_attention_scores_priced_apart_and_grow_with_context():
 
 def test_chunk_rest_priced_from_its_shape():
     T, L, H, V, n_ops = 128, 4, 256, 4096, 37
-    flops, nbytes = 2.0 * T * H * V, (V * H + L * 10 * T * H) * 2
+    flops = 2.0 * T * H * V
     u = flops / (flops + TRUE["work_half_flops"]) * T / (T + TRUE["rows_half"])
+    # the LM head: its compute PLUS one pass over its [V, H] weight; the norms' [T, H] traffic per layer
     want = TRUE["other_chunk_s"] + L * TRUE["other_layer_s"] + n_ops * TRUE["other_op_s"] + \
-        max(flops / (TRUE["lm_head_flops"] * u), nbytes / TRUE["bandwidth_bytes_s"])
+        flops / (TRUE["lm_head_flops"] * u) + V * H * 2 / TRUE["lm_head_bytes_s"] + \
+        L * 10 * T * H * 2 / TRUE["bandwidth_bytes_s"]
     got = cm.price(TRUE, rec("other", memory_cost(0, "other"), (T, L, H, V), {"chunk_ops": n_ops}))
     assert got == pytest.approx(want, rel=1e-12)
     with pytest.raises(NpuMoeError, match="shape"):
         cm.price(TRUE, rec("other", memory_cost(0, "other"), ()))
+
+
+@pytest.mark.parametrize("H,I,rate,half", [(256, 128, "peak_flops", "rows_half"),
+                                            (2048, 768, "large_flops", "large_rows_half")])
+def test_dynamic_experts_without_a_gemm_are_priced_per_expert_from_their_cost(H, I, rate, half):
+    """The engine's dynamic / HF experts cost records no GEMM: one expert's [H, I] comes from the bytes and its
+    mean rows from the FLOPs, so the large geometry gets the large GEMMs' rate."""
+    idx = torch.tensor([[0, 1], [0, 2], [1, 2], [0, 3]])          # 8 assignments over 4 experts: 2 rows each
+    cost = dynamic_experts_cost(idx, torch.ones_like(idx, dtype=torch.bool), H, I, 2)
+    assert cost.gemm is None and cost.calls == 4
+    hi = cost.bytes / (4 * 3 * 2)                                     # one expert's weights (+ the activations)
+    rows, w = cost.flops / (6 * hi * 4), 6.0 * 2 * H * I             # its mean rows, its chain's FLOPs
+    assert rows == pytest.approx(2.0, rel=0.02)
+    u = w / (w + TRUE["work_half_flops"]) * rows / (rows + TRUE[half])
+    want = 4 * TRUE["call_s_experts_dynamic"] + \
+        max(cost.flops / (TRUE[rate] * u), cost.bytes / TRUE["bandwidth_bytes_s"])
+    got = cm.price(TRUE, cm.op_record("experts_dynamic", cost.flops, cost.bytes, cost.calls, None))
+    assert got == pytest.approx(want, rel=1e-9)
 
 
 def synthetic_ops():
