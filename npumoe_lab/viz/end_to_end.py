@@ -14,7 +14,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from npumoe_lab.errors import NpuMoeError
-from npumoe_lab.viz.plot_helpers import VARIANT_ORDER
+from npumoe_lab.viz import figcheck
+from npumoe_lab.viz.plot_helpers import VARIANT_ORDER, finish
 
 PANEL = ["model", "platform", "prompt_len", "chunk"]
 
@@ -26,8 +27,9 @@ def plot_e2e(df: pd.DataFrame):
     keys = [k for k in PANEL if k in df.columns]
     panels = list(df.groupby(keys, sort=True)) if keys else [((), df)]
     lines = textwrap.wrap(interval_note(df), 120)
-    caption = 0.1 * len(lines) + (0.05 if lines else 0)           # inches of caption text under the panels
-    height = 0.35 * len(VARIANT_ORDER) * len(panels) + 0.9 + caption
+    caption = 0.1 * len(lines) + (0.05 if lines else 0)           # inches of caption text under the panels...
+    caption += 0.3                                                # and the legend's row
+    height = 0.35 * len(VARIANT_ORDER) * len(panels) + 1.2 + caption
     fig, axes = plt.subplots(len(panels), 1, figsize=(6.4, height), squeeze=False)
     for ax, (key, sub) in zip(axes[:, 0], panels):
         cols = ["ttft_s", "e2e_s"] + [c for c in ("e2e_s_lo", "e2e_s_hi") if c in sub.columns]
@@ -44,14 +46,17 @@ def plot_e2e(df: pd.DataFrame):
         src = "/".join(sorted(sub["e2e_source"].dropna().unique())) if "e2e_source" in sub else "?"
         key = key if isinstance(key, tuple) else (key,)
         where = ", ".join(f"{k} {v}" for k, v in zip(keys, key))
-        ax.set_title(f"{where}\n{int(sub.decode_tokens.iloc[0])} decode tokens, policy "
-                     f"{sub.decode_policy.iloc[0]} ({src.upper()})", fontsize=8)
+        finish(ax, f"{where}; {int(sub.decode_tokens.iloc[0])} decode tokens, policy {sub.decode_policy.iloc[0]}",
+               f"e2e {src.upper()}")
         ax.set_xlabel("end-to-end latency (s)", fontsize=8)
         ax.tick_params(labelsize=7)
-    axes[0, 0].legend(fontsize=7, loc="lower right")
+    handles, labels = axes[0, 0].get_legend_handles_labels()     # under the panels, above the caption: off the bars
+    fig.legend(handles, labels, fontsize=7, ncol=3, loc="lower center", bbox_to_anchor=(0.5, (caption - 0.25) / height))
+    fig.suptitle("End-to-end latency per variant: prefill (TTFT) + decode steps", fontsize=9)
     if lines:
         fig.text(0.01, 0.01, "\n".join(lines), fontsize=6, va="bottom", ha="left")
     fig.tight_layout(rect=(0, caption / height, 1, 1))
+    figcheck.record("plot_e2e", fig)
     return fig
 
 

@@ -6,6 +6,7 @@ matplotlib.use("Agg")
 
 from npumoe_lab.errors import NpuMoeError  # noqa: E402
 from npumoe_lab.sim.run import simulate  # noqa: E402
+from npumoe_lab.viz.figcheck import audit_figure  # noqa: E402
 from npumoe_lab.viz.end_to_end import interval_note, plot_e2e, points_outside  # noqa: E402
 
 
@@ -14,7 +15,8 @@ def test_stacked_bars_sum_to_e2e_and_title_names_the_policy():
                   decode_tokens=4, decode_policy="npu-decode")
     fig = plot_e2e(df)
     ax = fig.axes[0]
-    assert "policy npu-decode" in ax.get_title() and "4 decode tokens" in ax.get_title()
+    title = ax.get_title().replace("\n", " ")
+    assert "policy npu-decode" in title and "4 decode tokens" in title
     bars = ax.patches
     n = len(df)
     ends = sorted(b.get_x() + b.get_width() for b in bars[n:])
@@ -37,6 +39,7 @@ def test_every_point_lies_inside_its_own_interval(policy):
     fig = plot_e2e(df)
     caption = " ".join(t.get_text() for t in fig.texts).replace("\n", " ")
     assert "Every point lies inside its own interval" in caption and "reaches further above" in caption
+    assert audit_figure(fig) == []              # legible: titled, sourced, legend and caption off the bars
 
 
 def test_a_point_outside_its_interval_is_said():
