@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import textwrap
 
-import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 import pandas as pd
 
 from npumoe_lab.errors import NpuMoeError
@@ -30,7 +30,8 @@ def plot_e2e(df: pd.DataFrame):
     caption = 0.1 * len(lines) + (0.05 if lines else 0)           # inches of caption text under the panels...
     caption += 0.3                                                # and the legend's row
     height = 0.35 * len(VARIANT_ORDER) * len(panels) + 1.2 + caption
-    fig, axes = plt.subplots(len(panels), 1, figsize=(6.4, height), squeeze=False)
+    fig = Figure(figsize=(6.4, height))        # not pyplot's: a notebook shows it once, where it is displayed
+    axes = fig.subplots(len(panels), 1, squeeze=False)
     for ax, (key, sub) in zip(axes[:, 0], panels):
         cols = ["ttft_s", "e2e_s"] + [c for c in ("e2e_s_lo", "e2e_s_hi") if c in sub.columns]
         m = sub.groupby("variant")[cols].median()
