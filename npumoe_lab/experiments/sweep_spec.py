@@ -125,7 +125,7 @@ def _check_values(raw: dict, path: Path) -> None:
     """The values with one meaning everywhere (decode settings, operating point), checked before any cell runs:
     the simulate / run checks' own one-line errors, naming the sweep entry."""
     from npumoe_lab.execution.decode_policy import check_decode   # lazy: only names a sweep sets are checked
-    from npumoe_lab.sim.operating_point import check_operating_point
+    from npumoe_lab.sim.operating_point import check_operating_point   # lazy too: numpy and the planner
     checks = {"decode_tokens": lambda v: check_decode(v, "pipeline"), "decode_policy": lambda v: check_decode(0, v),
               "operating_point": check_operating_point}
     for section in ("parameters", "grid"):

@@ -11,7 +11,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 from npumoe_lab.errors import NpuMoeError
-from npumoe_lab.execution.decode_policy import DECODE_POLICIES
 from npumoe_lab.models import expert_weights, find_moe_blocks
 from npumoe_lab.utils import progress, provenance
 from npumoe_lab.graphs.cache import GraphCache, artifact_key, copy_artifact, weights_digest
@@ -23,6 +22,7 @@ from npumoe_lab.graphs.validate import validate_group_package
 from npumoe_lab.graphs.validate_attention import validate_attention_package
 
 TARGETS = ("coreml", "onnx")
+DECODE_POLICIES = ("pipeline", "cpu", "npu-decode")   # = execution.decode_policy's (graphs sit below execution)
 
 
 def _attn_digest(attn) -> str:

@@ -15,6 +15,7 @@ import torch
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.graphs.modules import ChunkAttention, GroupFFN, chunk_inputs
 from npumoe_lab.graphs.spec import canonical
+from npumoe_lab.graphs.validate import rel_err, workbench_group_ffn
 
 OPSET = 18
 TOLERANCE = 1e-3        # fp32 graphs against the fp32 expert path
@@ -79,7 +80,6 @@ def rerun_group(path, weights, capacity: int, seed: int = 0) -> dict:
         import onnxruntime as ort
     except ImportError:
         return {"rel_err": None, "violations": [], "warnings": ["onnxruntime not installed: graph not re-executed"]}
-    from npumoe_lab.graphs.validate import rel_err, workbench_group_ffn
     x = np.random.default_rng(seed).standard_normal((weights.n_experts, int(capacity), weights.hidden)).astype(np.float32)
     (y,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["y"], {"x": x})
     err = rel_err(y, workbench_group_ffn(x, weights))
