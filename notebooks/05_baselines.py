@@ -39,6 +39,8 @@ dtype = "auto"                  # model dtype: "auto" (the fast dtype of this CP
 matched_percentile = 100.0       # the ablation again, capacities at this load percentile of the workload's own text
 matched_platforms = "m2-max"     # modeled: deterministic and cheap (a None percentile skips the rerun)
 draws = 200                      # modeled platforms: parameter draws behind the 90 % interval columns (0: none)
+decode_tokens = 8                # greedy decode steps after each prefill (the paper's e2e setting; 0: prefill only)
+decode_policy = "pipeline"       # pipeline | cpu | npu-decode (docs/END_TO_END.md)
 drop_curve = True                # TTFT vs drop rate over a percentile sweep (modeled; `make demo` draws it itself)
 drop_curve_platforms = "m2-max,m2-ultra"
 out_dir = None
@@ -54,10 +56,11 @@ m = nb.load(model, dtype)
 df = run_experiment(model=m, model_name=nb.model_label(model), workload=workload,
                     variants=variants, platforms=platforms, prompt_len=prompt_len, chunk=chunk,
                     n_samples=n_samples, repeats=repeats, calib_workload=calib_workload,
-                    calib_tokens=calib_tokens, seed=seed, draws=draws, out=out_dir)
+                    calib_tokens=calib_tokens, seed=seed, draws=draws, decode_tokens=decode_tokens,
+                    decode_policy=decode_policy, out=out_dir)
 print(median_table(df, ["variant", "platform", "timing_source", "ttft_s", "ttft_iqr_s", "host_busy",
                         "energy_per_token_mj", "cpu_cycles", "n_npu_calls", "drop_rate", "pad_rate", "score",
-                        "top1_agree"]))
+                        "top1_agree"] + (["tpot_s", "e2e_s"] if decode_tokens else [])))
 
 # %%
 print(ablation_report(df) or "(no ablation variants in this run)")
@@ -85,6 +88,17 @@ plot_baselines(df)
 # %%
 if df["variant"].isin(["npumoe-base"]).any() and df["variant"].isin(["npumoe-t", "npumoe-tg", "npumoe"]).any():
     display(plot_ablation(df))  # noqa: F821 (IPython builtin)
+
+# %% [markdown]
+# ## End to end: prefill + decode
+# The paper's end-to-end latency includes about 8 decode tokens. Per variant, e2e stacked as prefill (TTFT) +
+# `decode_tokens` greedy steps under `decode_policy` (in each panel's title); measured on this host, modeled on the
+# Apple platforms, whiskers the modeled 90 % interval (the caption says what they are).
+
+# %%
+if decode_tokens:
+    from npumoe_lab.viz.end_to_end import plot_e2e
+    display(plot_e2e(df))  # noqa: F821 (IPython builtin)
 
 # %% [markdown]
 # ## TTFT against the drop rate

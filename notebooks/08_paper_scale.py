@@ -32,6 +32,8 @@ prompt_len = 1024
 chunk = 512
 seed = 0
 operating_point = "default"     # or "paper": the tier percentile solved for npumoe's 10-22 % drop (rows say which)
+decode_tokens = 8               # greedy decode steps after the prefill (the paper's e2e setting; 0: prefill only)
+decode_policy = "pipeline"      # pipeline | cpu | npu-decode (docs/END_TO_END.md)
 out_dir = None
 
 # %%
@@ -43,9 +45,9 @@ from npumoe_lab.viz.plots import plot_ablation, plot_baselines
 from npumoe_lab.sim.report import paper_scale_markdown
 
 df = nl.simulate(geometries, routing, platforms, "all", prompt_len, chunk, seed=seed, out=out_dir,
-                 operating_point=operating_point)
+                 operating_point=operating_point, decode_tokens=decode_tokens, decode_policy=decode_policy)
 df[["model", "platform", "variant", "ttft_s", "energy_per_token_mj", "cpu_cycles", "n_npu_calls", "drop_rate",
-    "pad_rate", "npu_programs", "feasible"]]
+    "pad_rate", "npu_programs", "feasible"] + (["tpot_s", "e2e_s"] if decode_tokens else [])]
 
 # %%
 Markdown(paper_scale_markdown(df))
@@ -55,6 +57,16 @@ plot_baselines(df)
 
 # %%
 plot_ablation(df)
+
+# %% [markdown]
+# ## End to end: prefill + decode
+# Per variant, e2e stacked as prefill (TTFT) + `decode_tokens` greedy steps under `decode_policy` (each panel's
+# title), all modeled; whiskers: the 90 % interval where `draws` were asked (the caption says what they are).
+
+# %%
+if decode_tokens:
+    from npumoe_lab.viz.end_to_end import plot_e2e
+    display(plot_e2e(df))  # noqa: F821 (IPython builtin)
 
 # %% [markdown]
 # ## TTFT against the drop rate

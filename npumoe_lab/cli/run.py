@@ -64,6 +64,7 @@ def contended_threads(a) -> int | None:
 
 def _run(a) -> int:
     grid = check_inputs(a)
+    check_decode_args(a)                  # before the notes below: bad input is the only line printed
     threads = contended_threads(a)
     # lazy: torch, pandas and the model load only when the command runs (`--help` stays fast)
     import pandas as pd
@@ -71,7 +72,6 @@ def _run(a) -> int:
     from npumoe_lab.results.stats import change_statement
     from npumoe_lab.results.store import write_rows
     knobs = knobs_from_args(a)
-    check_decode_args(a)
     # rows are written after the table is printed (a full disk cannot lose them); timelines are written by the run
     early = a.out if a.timeline else None
     frames, model = [], (_loaded(a.model, a.dtype) if len(grid) > 1 else a.model)

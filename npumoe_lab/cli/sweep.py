@@ -1,6 +1,8 @@
 """`npumoe-lab sweep`: a notebook run once per grid cell (papermill), resumably."""
 from __future__ import annotations
 
+from npumoe_lab.cli.operating_point import OPERATING_POINTS
+
 EXECUTORS = ("local", "dask")      # = experiments.sweep.EXECUTORS (tests/test_cli checks)
 
 
@@ -8,9 +10,13 @@ def _sweep(args) -> int:
     from npumoe_lab.experiments.sweep import run_sweep     # lazy: papermill and the pool load only when run
     report = run_sweep(args.sweep, args.out, workers=args.workers, executor=args.executor,
                        scheduler=args.scheduler, warm=not args.fresh_kernels,
-                       fresh=args.fresh)
+                       fresh=args.fresh, overrides=_overrides(args))
     print(report.summary())
     return 0 if report.ok else 1
+
+
+def _overrides(args) -> dict:
+    return {} if args.operating_point is None else {"operating_point": args.operating_point}
 
 
 def register_cli(subparsers) -> None:
@@ -28,4 +34,8 @@ def register_cli(subparsers) -> None:
     p.add_argument("--fresh", action="store_true",
                    help="re-measure: run again every done cell that times a measured platform (the old attempt is "
                         "kept in the cell's _attempts/, never loaded); modeled-only cells are kept")
+    p.add_argument("--operating-point", default=None, choices=OPERATING_POINTS,
+                   help="every cell at this operating point (default: as the YAML says): its `operating_point` "
+                        "parameter or grid entry is replaced; the sweep's notebook or simulate must take it "
+                        "(docs/OPERATING_POINT.md)")
     p.set_defaults(func=_sweep)

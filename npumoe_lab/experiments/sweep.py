@@ -73,19 +73,20 @@ class SweepReport:
 
 
 def run_sweep(yaml_path, out_dir, workers: int = 1, executor: str = "local", scheduler: str | None = None,
-              warm: bool = True, fresh: bool = False):
+              warm: bool = True, fresh: bool = False, overrides: dict | None = None):
     """Run every cell of the sweep that has no DONE.json; return a SweepReport (failed cells do not raise).
     `warm`: local workers run their cells in one kernel each (warm_kernel.py) instead of a fresh one per cell.
     `fresh`: also re-run the done cells that time a measured platform (their old attempt is moved to _attempts/),
     so no measured row is reused; modeled-only cells are deterministic and kept. Without it, done cells holding
-    host_busy rows are reused and one stderr line says so."""
+    host_busy rows are reused and one stderr line says so. `overrides` {name: value}: set in every cell over the
+    YAML's entry (sweep_spec.load_spec; part of each cell's key)."""
     if executor not in EXECUTORS:
         raise NpuMoeError(f"unknown executor {executor!r}; use one of {', '.join(EXECUTORS)}")
     if not isinstance(workers, int) or workers < 1:
         raise NpuMoeError(f"workers must be an integer >= 1, got {workers!r}")
     if scheduler and executor != "dask":
         raise NpuMoeError("--scheduler needs --executor dask")
-    spec = load_spec(yaml_path)  # validates everything before anything runs
+    spec = load_spec(yaml_path, overrides)  # validates everything before anything runs
     out = Path(out_dir).resolve()
     notebook = _snapshot_notebook(spec, out / "_sweep") if spec.kind == "notebook" else None
     cells = [(cell_key(p), p) for p in spec.cells()]

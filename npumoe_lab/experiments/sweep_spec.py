@@ -53,10 +53,13 @@ def cell_key(params: dict) -> str:
     return sha256_json({k: v for k, v in params.items() if k not in RESERVED})[:12]
 
 
-def load_spec(yaml_path) -> SweepSpec:
-    """Read, merge and validate a sweep YAML; every problem is reported before anything runs."""
+def load_spec(yaml_path, overrides: dict | None = None) -> SweepSpec:
+    """Read, merge and validate a sweep YAML; every problem is reported before anything runs. `overrides`
+    {name: value} (the command line's, e.g. operating_point): set for every cell, replacing the YAML's entry."""
     path = Path(yaml_path).resolve()
     raw = _load(path, ())
+    if overrides:
+        _overlay(raw, {"parameters": dict(overrides), "grid": {}, "sources": []})
     if raw["kind"] not in KINDS:
         raise NpuMoeError(f"sweep {path}: kind {raw['kind']!r} is not one of {', '.join(KINDS)}")
     if raw["kind"] == "simulate":
@@ -79,6 +82,7 @@ def load_spec(yaml_path) -> SweepSpec:
     _check_names(raw, names, path, f"parameters of notebook {found.name} (its parameters cell defines: "
                  f"{', '.join(names)}); fix the name or add it to that cell")
     _check_grid(raw, path)
+    _check_values(raw, path)
     return SweepSpec(name=str(raw["name"] or path.stem), notebook=found, parameters=raw["parameters"],
                      grid=raw["grid"], sources=tuple(raw["sources"]), notebook_params=tuple(names))
 
@@ -90,6 +94,7 @@ def _simulate_spec(path: Path, raw: dict) -> SweepSpec:
     names += list(PlanKnobs.names())
     _check_names(raw, names, path, f"arguments of npumoe_lab.simulate ({', '.join(names)})")
     _check_grid(raw, path)
+    _check_values(raw, path)
     return SweepSpec(name=str(raw["name"] or path.stem), notebook=None, parameters=raw["parameters"],
                      grid=raw["grid"], sources=tuple(raw["sources"]), notebook_params=tuple(names), kind="simulate")
 
@@ -114,6 +119,24 @@ def _check_grid(raw: dict, path: Path) -> None:
     if not raw["grid"]:
         raise NpuMoeError(f"sweep {path} has an empty grid (no cells to run); add `grid:` with at least one "
                           "list, e.g. `grid: {repeat: [0]}`")
+
+
+def _check_values(raw: dict, path: Path) -> None:
+    """The values with one meaning everywhere (decode settings, operating point), checked before any cell runs:
+    the simulate / run checks' own one-line errors, naming the sweep entry."""
+    from npumoe_lab.execution.decode_policy import check_decode   # lazy: only names a sweep sets are checked
+    from npumoe_lab.sim.operating_point import check_operating_point   # lazy too: numpy and the planner
+    checks = {"decode_tokens": lambda v: check_decode(v, "pipeline"), "decode_policy": lambda v: check_decode(0, v),
+              "operating_point": check_operating_point}
+    for section in ("parameters", "grid"):
+        for name, check in checks.items():
+            if name not in raw[section]:
+                continue
+            for value in raw[section][name] if section == "grid" else [raw[section][name]]:
+                try:
+                    check(value)
+                except NpuMoeError as exc:
+                    raise NpuMoeError(f"{section}.{name} in sweep {path}: {exc}") from None
 
 
 def read_notebook(path: Path):

@@ -24,9 +24,11 @@ def load_plan(path):
 
 def convert(plan, out, target: str = "coreml", model="tiny", platform=None, layout: str = "conv",
             compress: str = "none", compute_units: str = "CPU_AND_NE", all_tiers: bool = False,
-            attention: bool = True, context: int = 2048, cache=None) -> dict:
+            attention: bool = True, context: int = 2048, cache=None, decode_policy: str = "pipeline",
+            decode_batch: int = 1) -> dict:
     """Build, validate and cache every static graph of `plan` (a Plan or a plan JSON path) into `out`; returns the
-    manifest (also written to out/manifest.json) with `seconds` added. Raises NpuMoeError on validation problems."""
+    manifest (also written to out/manifest.json) with `seconds` added. Raises NpuMoeError on validation problems.
+    decode_policy: the decode steps' graphs too (graphs.build.build_graphs; the manifest's `decode` says which)."""
     plan = load_plan(plan) if not isinstance(plan, Plan) else plan
     platform = platform or field_of(plan, "platform")
     limits = Limits.of(platform) if platform else Limits()
@@ -41,7 +43,8 @@ def convert(plan, out, target: str = "coreml", model="tiny", platform=None, layo
     t0 = time.perf_counter()
     manifest = build_graphs(plan, weights, out, target=target, options=options, limits=limits,
                             attention=attn if attention else None, rotary=rotary, context=context,
-                            all_tiers=all_tiers, cache=_cache(cache))
+                            all_tiers=all_tiers, cache=_cache(cache), decode_policy=decode_policy,
+                            decode_batch=decode_batch)
     manifest = {**manifest, "seconds": time.perf_counter() - t0}
     bad = violations(manifest)
     if bad:

@@ -9,13 +9,16 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.graphs.modules import ChunkAttention, GroupFFN, chunk_inputs
 from npumoe_lab.graphs.spec import canonical
+from npumoe_lab.graphs.validate import rel_err, workbench_group_ffn
 
 OPSET = 18
+TOLERANCE = 1e-3        # fp32 graphs against the fp32 expert path
 HOST_ONLY_OPS = frozenset({"TopK", "Gather", "GatherElements", "GatherND", "Scatter", "ScatterElements", "ScatterND",
                            "NonZero", "OneHot", "CumSum", "ArgMax", "ArgMin", "Loop", "If"})
 
@@ -68,3 +71,18 @@ def census(path) -> dict:
         if any(not d.HasField("dim_value") for d in dims):
             violations.append(f"{v.name} has a symbolic shape (static shapes only)")
     return {"ops": dict(sorted(ops.items())), "violations": violations}
+
+
+def rerun_group(path, weights, capacity: int, seed: int = 0) -> dict:
+    """Re-execute a group graph in ONNX Runtime on random input against the workbench's expert path: {rel_err,
+    violations, warnings} (no onnxruntime: not re-executed, said as a warning)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return {"rel_err": None, "violations": [], "warnings": ["onnxruntime not installed: graph not re-executed"]}
+    x = np.random.default_rng(seed).standard_normal((weights.n_experts, int(capacity), weights.hidden)).astype(np.float32)
+    (y,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["y"], {"x": x})
+    err = rel_err(y, workbench_group_ffn(x, weights))
+    bad = [] if np.isfinite(err) and err <= TOLERANCE else [
+        f"ONNX Runtime re-execution differs from the expert path: rel err {err:.3g} > {TOLERANCE}"]
+    return {"rel_err": err, "violations": bad, "warnings": []}

@@ -3,7 +3,7 @@
 chunk length. Specs are plain data; builders (coreml.py, onnx.py) turn them into artifacts."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -48,10 +48,11 @@ class GroupGraphSpec:
     intermediate: int
     act: str = "swiglu"
     has_bias: bool = False
+    decode: bool = False                 # a decode-shaped graph of the group (`npu-decode`): its own program
 
     @property
     def name(self) -> str:
-        return f"L{self.layer}_g{self.group}"
+        return f"L{self.layer}_g{self.group}" + ("_decode" if self.decode else "")
 
     def weight_bytes(self, itemsize: int = 2) -> int:
         g, h, i = len(self.experts), self.hidden, self.intermediate
@@ -118,6 +119,20 @@ def group_specs(plan, *, all_tiers: bool = False, limits: Limits | None = None, 
                                   tuple(caps), int(hidden), int(inter), act, has_bias)
             check_group(spec, limits)
             specs.append(spec)
+    return specs
+
+
+def decode_group_specs(plan, step_tokens: int = 1, *, limits: Limits | None = None, weights: dict | None = None
+                       ) -> list[GroupGraphSpec]:
+    """The `npu-decode` policy's graphs: one per resident group at capacity = the step's tokens (nothing drops;
+    execution.decode_policy.decode_layout), separate programs from the prefill's (decode_programs counts them)."""
+    if isinstance(step_tokens, bool) or not isinstance(step_tokens, int) or step_tokens < 1:
+        raise NpuMoeError(f"--decode-batch {step_tokens!r}: give the tokens of one decode step, a whole number >= 1")
+    limits = limits or Limits()
+    specs = [replace(s, capacities=(step_tokens,), decode=True)
+             for s in group_specs(plan, limits=limits, weights=weights)]
+    for spec in specs:
+        check_group(spec, limits)
     return specs
 
 

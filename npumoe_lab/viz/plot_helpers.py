@@ -393,7 +393,7 @@ def finish(ax, title, source, width_chars: int = 70) -> None:
                 gid=SOURCE_GID, linespacing=1.0)
         pad += 6.5 * (text.count("\n") + 1)
     if title:   # long facet names wrap instead of running into the next panel's title
-        ax.set_title("\n".join(textwrap.wrap(title, 48)) or title, fontsize=7, pad=pad)
+        ax.set_title("\n".join(textwrap.wrap(title, 48, break_on_hyphens=False)) or title, fontsize=7, pad=pad)
 
 
 BUSY_HATCH = "////"

@@ -125,3 +125,18 @@ def test_full_disk_keeps_the_fit_and_validation_tables_and_names_the_file(argv, 
     assert rc == 2 and len(err) == 1 and "No space left on device" in err[0] and named in err[0], err
     assert table in captured.out                       # the table came first
     assert not (tmp_path / "a").exists()               # no partial file, no temp file, no empty folder
+
+
+@pytest.mark.parametrize("command", [["run", "--workload", "fewshot-cls", "--platforms", "cpu", "--out", "OUT"],
+                                     ["simulate", "--geometry", "phi-tiny-moe", "--out", "OUT"],
+                                     ["paper-check", "--out", "OUT"]])
+@pytest.mark.parametrize("flags,expected", [(["--decode-tokens", "-1"], "--decode-tokens -1: give a whole number"),
+                                            (["--decode-policy", "gpu"], "--decode-policy 'gpu' is not a decode policy")])
+def test_bad_decode_flags_are_the_only_line_printed(tmp_path, capsys, command, flags, expected):
+    out = str(tmp_path / "o")
+    rc = cli.main([out if a == "OUT" else a for a in command] + flags)
+    got = capsys.readouterr()
+    err = [line for line in got.err.splitlines() if line.strip()]
+    assert rc == 2 and len(err) == 1 and expected in err[0], err
+    assert got.out.strip() == "", got.out          # nothing printed before the error (run's host notes)
+    assert not (tmp_path / "o").exists()

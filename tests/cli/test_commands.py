@@ -64,9 +64,10 @@ def test_every_command_help_is_fast_light_and_documents_every_flag():
 
 
 def test_the_constants_the_cli_mirrors_equal_the_domains():
-    from npumoe_lab.cli import convert, demo, run, simulate, sweep, train_tiny
+    from npumoe_lab.cli import convert, decode_flags, demo, run, simulate, sweep, train_tiny
+    from npumoe_lab.execution.decode_policy import DECODE_POLICIES
     from npumoe_lab.experiments import demo as demo_domain, runner, sweep as sweep_domain
-    from npumoe_lab.graphs.build import TARGETS
+    from npumoe_lab.graphs.build import DECODE_POLICIES as GRAPH_POLICIES, TARGETS
     from npumoe_lab.sim import run as sim_run
     from npumoe_lab.sim.geometries import list_geometries
     from npumoe_lab.train import trainer
@@ -75,6 +76,7 @@ def test_the_constants_the_cli_mirrors_equal_the_domains():
     assert list(run.WORKLOADS) == list_workloads()
     assert sweep.EXECUTORS == sweep_domain.EXECUTORS
     assert convert.TARGETS == TARGETS
+    assert decode_flags.DECODE_POLICIES == GRAPH_POLICIES == DECODE_POLICIES
     assert simulate.WEIGHT_FORMATS == tuple(sim_run.WEIGHT_FORMATS)
     assert simulate.bundled_geometries() == list_geometries()
     assert (train_tiny.DEFAULT_RUN, train_tiny.DEFAULT_EXPORT) == (trainer.DEFAULT_RUN, trainer.DEFAULT_EXPORT)

@@ -195,7 +195,8 @@ def test_05_baselines(baselines):
     assert (df[df.variant == "reference"].drop_rate == 0).all()
     text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
     assert "paper 2.89x" in text   # the ablation report next to the paper's numbers
-    assert len(images(nb)) == 3    # baselines + ablation + TTFT against drop rate
+    assert len(images(nb)) == 4    # baselines + ablation + e2e stacked + TTFT against drop rate
+    assert df.e2e_s.notna().all() and (df.decode_tokens == 8).all()
 
 
 @pytest.mark.slow
@@ -226,11 +227,12 @@ def test_07_figures(baselines, tmp_path):
 
 def test_08_paper_scale(kernel_env, tmp_path):
     nb = execute("08_paper_scale", tmp_path, geometries="phi-tiny-moe", platforms="m2-max", prompt_len=512,
-                 chunk=256, out_dir=str(tmp_path / "rows"))
+                 chunk=256, decode_policy="npu-decode", out_dir=str(tmp_path / "rows"))
     assert not errors(nb)
     rows = load_results(tmp_path / "rows")
     assert len(rows) == 9 and set(rows.numerics_source) == {"none"} and set(rows.timing_source) == {"modeled"}
-    assert len(images(nb)) == 3                 # main figure + ablation + TTFT against drop rate
+    assert len(images(nb)) == 4                 # main figure + ablation + e2e stacked + TTFT against drop rate
+    assert (rows.decode_policy == "npu-decode").all() and rows.e2e_s.notna().all()
     text = "".join(o.get("data", {}).get("text/markdown", "") for c in nb.cells for o in c.get("outputs", []))
     assert "Where NPUMoE loses" in text and "phi-tiny-moe" in text
 

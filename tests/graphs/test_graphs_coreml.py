@@ -139,3 +139,16 @@ def test_coremltools_missing_is_one_clear_error(tmp_path, monkeypatch):
         require_coremltools()
     with pytest.raises(NpuMoeError, match="coremltools is not installed"):
         build_graphs(tiny_plan(model), weights, tmp_path / "out", cache=GraphCache(tmp_path / "c"))
+
+
+def test_npu_decode_group_packages_validate(tmp_path):
+    model, weights, _, _ = tiny_parts("qwen3_moe")
+    man = build_graphs(tiny_plan(model), weights, tmp_path / "out", cache=GraphCache(tmp_path / "c"),
+                       decode_policy="npu-decode")
+    dec = [g for g in man["graphs"] if g["kind"] == "decode-group"]
+    assert [g["path"] for g in dec] == ["L0_g0_decode.mlpackage", "L0_g1_decode.mlpackage",
+                                        "L1_g0_decode.mlpackage", "L1_g1_decode.mlpackage"]
+    for g in dec:          # one token per step: capacity 1, re-executed in NumPy against the expert path
+        (f,) = g["functions"]
+        assert f["function"] == "cap1" and f["rel_err"] < 1e-2 and not f["violations"], f
+    assert sorted(load_program(tmp_path / "out" / dec[0]["path"]).functions) == ["cap1"]
