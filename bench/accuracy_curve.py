@@ -1,5 +1,5 @@
 """The speed target: the full accuracy curve (4 tasks x 6 percentiles x 2 saliency rules, n = 300) within
-30 minutes on 2 cores, with a progress bar; writes the curve (curve.csv, samples.csv, ACCURACY.md, figure) too.
+5 minutes on 2 quiet cores (docs/PERFORMANCE.md section 1: not reachable at exact numerics), with a progress bar; writes the curve (curve.csv, samples.csv, ACCURACY.md, figure) too.
 
 Work splits over `--workers` processes (default 2, one torch thread each: one per core; the tiny model's ops are
 too small for 2 threads to pay), tasks dealt round-robin. The reference forward of each sample is computed once
@@ -29,7 +29,7 @@ from npumoe_lab.studies.accuracy_curve import (DEFAULT_BATCH, DEFAULT_N, DEFAULT
                                                DEFAULT_SALIENCY)
 from npumoe_lab.workloads.difficulty import DEFAULT_TASKS  # noqa: E402
 
-TARGET_S = 30 * 60
+TARGET_S = 5 * 60
 
 
 class _QueueBar:
@@ -161,13 +161,16 @@ def run(args) -> dict:
 
 
 def slice_comparison(args) -> str:
-    """Batched vs one-at-a-time on the same slice (K samples of the first task, two plans), interleaved in this
-    process on one thread (process CPU seconds: what a quiet core takes; the host may be shared), every row and
-    per-sample outcome asserted equal."""
+    """On the same slice (K samples of the first task, two plans), interleaved in this process on one thread
+    (process CPU seconds: what a quiet core takes; the host may be shared): the one-at-a-time curve, the batched
+    one, and the batched one as it ran before groups were split expert by expert (engine.PER_EXPERT_SPLIT = 0).
+    One at a time and batched are asserted equal in every row and per-sample outcome; the earlier path differs from
+    them only in fp32 summation order inside the split groups (the count of samples whose NLL moved is printed)."""
     import tempfile
 
     import torch
     torch.set_num_threads(1)
+    import npumoe_lab.execution.engine as engine
     from npumoe_lab.models import load_model
     from npumoe_lab.studies.accuracy_curve import accuracy_curve
     tiny = load_model(args.model)
@@ -176,20 +179,29 @@ def slice_comparison(args) -> str:
               n=args.slice, platform=args.platform, seed=args.seed, draws=args.draws,
               calib_tokens=args.calib_tokens, ref_cache=tempfile.mkdtemp(prefix="npumoe-slice-"))
     accuracy_curve(batch=args.batch, bar=_NoBar(), **kw)          # references into the cache, warm
-    cpu, got = {1: [], args.batch: []}, {}
-    for r in range(3):
-        for b in ((1, args.batch) if r % 2 == 0 else (args.batch, 1)):
-            c0 = time.process_time()
-            got[b] = accuracy_curve(batch=b, bar=_NoBar(), **kw)
-            cpu[b].append(time.process_time() - c0)
-    keep = [c for c in got[1][0].columns if c not in ("created", "ref_cached")]
-    pd.testing.assert_frame_equal(got[1][0][keep], got[args.batch][0][keep], check_exact=True)
-    pd.testing.assert_frame_equal(got[1][1], got[args.batch][1], check_exact=True)
+    split = engine.PER_EXPERT_SPLIT
+    runs = {"one": (1, split), "batch": (args.batch, split), "before": (args.batch, 0)}
+    cpu, got = {k: [] for k in runs}, {}
+    try:
+        for r in range(3):
+            for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+                batch, engine.PER_EXPERT_SPLIT = runs[name]
+                c0 = time.process_time()
+                got[name] = accuracy_curve(batch=batch, bar=_NoBar(), **kw)
+                cpu[name].append(time.process_time() - c0)
+    finally:
+        engine.PER_EXPERT_SPLIT = split
+    keep = [c for c in got["one"][0].columns if c not in ("created", "ref_cached")]
+    pd.testing.assert_frame_equal(got["one"][0][keep], got["batch"][0][keep], check_exact=True)
+    pd.testing.assert_frame_equal(got["one"][1], got["batch"][1], check_exact=True)
     import statistics
-    c1, cb = statistics.median(cpu[1]), statistics.median(cpu[args.batch])
-    return (f"slice {kw['workloads'][0]} n = {args.slice} x {len(kw['percentiles'])} plans (references cached): "
-            f"one at a time {c1:.1f} s, batch {args.batch} {cb:.1f} s process CPU (medians of 3, interleaved, "
-            f"measured): {c1 / cb:.2f}x; rows and per-sample outcomes equal")
+    c = {k: statistics.median(v) for k, v in cpu.items()}
+    moved = int((got["before"][1].nll != got["batch"][1].nll).sum())
+    return (f"slice {kw['workloads'][0]} n = {args.slice} x {len(kw['percentiles'])} plans (references cached), "
+            f"process CPU (medians of 3, interleaved, measured): one at a time {c['one']:.1f} s, batch {args.batch} "
+            f"{c['batch']:.1f} s ({c['one'] / c['batch']:.2f}x; rows and per-sample outcomes equal), batch "
+            f"{args.batch} before the group split {c['before']:.1f} s (the split: {c['before'] / c['batch']:.2f}x; "
+            f"{moved} of {len(got['batch'][1])} sample NLLs moved in the last bits)")
 
 
 class _NoBar:
@@ -257,8 +269,9 @@ def main(argv=None) -> int:
     if args.slice:
         print(slice_comparison(args), flush=True)
     r = run(args)
-    cpu = __import__("npumoe_lab.core.cpu_features", fromlist=["cpu_model"]).cpu_model()
-    print(f"CPU: {cpu}; {r['workers']} worker processes x 1 thread; load average {r['load_before']:.1f} before, "
+    from npumoe_lab.core.cpu_features import cpu_flags, cpu_model
+    simd = " ".join(sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "fma", "f16c")))) or "none listed"
+    print(f"CPU: {cpu_model()} (flags: {simd}); {r['workers']} worker processes x 1 thread; load average {r['load_before']:.1f} before, "
           f"{r['load_after']:.1f} after (a shared host: other processes' load slows this run)")
     print(f"{r['tasks']} tasks x {r['plans']} plans x n = {r['n']}: wall {r['wall_s'] / 60:.1f} min (measured), "
           f"process CPU {r['cpu_s'] / 60:.1f} min (measured, all workers)")
@@ -269,9 +282,9 @@ def main(argv=None) -> int:
         est = r["estimated_full_s"]
         print(f"n = {args.n} ESTIMATED from this partial run: {est / 60:.1f} min wall = fixed part "
               f"{r['fixed_s']:.0f} s + per-sample part x {args.n}/{r['n']} "
-              f"({'within' if est <= TARGET_S else 'OVER'} the 30 min target at this run's host load)")
+              f"({'within' if est <= TARGET_S else 'OVER'} the 5 min target at this run's host load)")
     elif not args.reference_only:
-        print(f"target 30 min: {'met' if r['wall_s'] <= TARGET_S else 'NOT met'} (measured)")
+        print(f"target 5 min: {'met' if r['wall_s'] <= TARGET_S else 'NOT met'} (measured)")
     if args.out:
         print(f"wrote {args.out}/" + ("reference-scan.csv" if args.reference_only
                                       else "curve.csv, samples.csv, ACCURACY.md, accuracy_curve.png/.pdf"))

@@ -5,7 +5,8 @@ an fp16 GEMM natively only where the CPU has AVX512-FP16 / AMX-FP16 (or AArch64 
 scalar path at ~1/40-1/60 of fp32 (2-3 GFLOP/s on the AVX2-only EPYC, shared/research/ENVIRONMENT.md). There the
 groups run as `emulated_group_ffn`: weights rounded to fp16 once (kept in fp32, on the model: weight_cache.py),
 inputs rounded to fp16, each GEMM an fp32 GEMM whose output is rounded to fp16, and the gate/bias ops in fp16 as
-the native path runs them. Every product of two fp16 values is exact in fp32, so the two differ only in how the
+the native path runs them (`emulated_split_ffn`: the same on each expert's filled rows only, for groups the
+engine splits). Every product of two fp16 values is exact in fp32, so the two differ only in how the
 GEMM accumulates before its one rounding to fp16 (docs/DESIGN.md "NPU precision" states the tolerance;
 tests/test_numerics.py holds both to a float64 reference).
 """
@@ -83,4 +84,32 @@ def emulated_group_ffn(x: torch.Tensor, w: EmulatedFp16Weights, out: torch.Tenso
     return y.to(x.dtype) if out is None else out.copy_(y)
 
 
-__all__ = ["EmulatedFp16Weights", "emulates", "round_to", "npu_layer_weights", "select", "emulated_group_ffn"]
+def emulated_split_ffn(x: torch.Tensor, w: EmulatedFp16Weights, out: torch.Tensor, fills) -> torch.Tensor:
+    """emulated_group_ffn with each expert's GEMMs over its first fills[k] rows only ([G, C, H] -> rows of `out`).
+    The roundings and the gate run once over the group's [G, max fill] rows (elementwise: rows past an expert's
+    fill hold scratch that is computed on but never copied out); the GEMMs, the cost, one per filled expert."""
+    G, m = x.shape[0], max(fills)
+    x16 = x[:, :m].to(FP16).float()
+    h = x16.new_empty(G, m, w.gate_up.shape[-1])
+    for k, f in enumerate(fills):
+        if f:
+            torch.mm(x16[k, :f], w.gate_up[k], out=h[k, :f])
+    h = h.to(FP16)
+    if w.b_gate_up is not None:
+        h = h + w.b_gate_up.to(FP16).unsqueeze(1)
+    a = w.apply_gate(h).float()
+    y = x16.new_empty(G, m, w.down.shape[-1])
+    for k, f in enumerate(fills):
+        if f:
+            torch.mm(a[k, :f], w.down[k], out=y[k, :f])
+    y = y.to(FP16)
+    if w.b_down is not None:
+        y = y + w.b_down.to(FP16).unsqueeze(1)
+    for k, f in enumerate(fills):
+        if f:
+            out[k, :f].copy_(y[k, :f])
+    return out
+
+
+__all__ = ["EmulatedFp16Weights", "emulates", "round_to", "npu_layer_weights", "select", "emulated_group_ffn",
+           "emulated_split_ffn"]

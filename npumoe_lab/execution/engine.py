@@ -19,7 +19,7 @@ from npumoe_lab.core.cpu_ffn import PackedExperts, resolve_kernel
 from npumoe_lab.devices.cost import expert_ffn_cost, memory_cost
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.planning.layout import ExecutionLayout
-from npumoe_lab.core.numerics import EmulatedFp16Weights, emulated_group_ffn, npu_layer_weights
+from npumoe_lab.core.numerics import EmulatedFp16Weights, emulated_group_ffn, emulated_split_ffn, npu_layer_weights
 from npumoe_lab.core.numerics import select as select_npu
 from npumoe_lab.execution.ops import BatchChunkContext, ChunkContext, Op, current_chunk
 from npumoe_lab.core.packing import (Layout, Workspace, group_ffn, group_ffn_into, pack,
@@ -30,6 +30,11 @@ from npumoe_lab.core.weight_cache import prepared
 COLD_MODES = ("dynamic", "static")
 PAD_MODES = ("auto", "compute", "skip")
 NORM_RULES = ("activation_norm", "weight_x_norm")     # saliency rules that read the hidden states' norms
+# Skipping padding, a bmm group whose trimmed rows (G x its fullest expert's fill) exceed its filled rows by this
+# factor or more runs expert by expert on each one's filled rows instead: an expert that overflows fills its whole
+# capacity, so one full expert made the group's bmm compute G x C rows (the tiny model's accuracy curve: 2-3x its
+# filled rows). A deterministic function of the routing, so a batch and its sequences alone choose alike; 0: never.
+PER_EXPERT_SPLIT = 1.6
 
 
 @dataclass
@@ -88,6 +93,7 @@ class PlanExecutor:
         self._static = {}   # layer -> (Layout, cold expert mask)
         self._weights = {}  # layer -> per group: stacked weights, a backend handle, or None (= per expert)
         self._experts = {}  # layer -> PackedExperts (every expert; in-process groups, cold and spilled experts)
+        self._split = {}    # (layer, group index) -> that group's weights one expert each (views)
         if self.npu_backend == "torch":
             self.npu_backend = None
         elif isinstance(self.npu_backend, str):   # an external static-graph runtime plays the NPU
@@ -153,6 +159,7 @@ class PlanExecutor:
         self.plan, self.layout = plan, as_layout(plan)
         self._static.clear()
         self._weights.clear()
+        self._split.clear()
 
     def packed_experts(self, handle) -> PackedExperts:
         if handle.layer not in self._experts:   # packed once per model and weight version (weight_cache.py)
@@ -247,7 +254,7 @@ class PlanExecutor:
             role = "npu" if gs.resident else "cpu"
             record = op(f"group{gs.id}", "expert_group", role,
                         _group_cost(G, gs.capacity, H, I, b, ctx.weight_bytes(role)), (G, gs.capacity, H, I))
-            fn, args = (self._group_call(handle, gs, gweights[j], packed, out, fill) if num else (None, ()))
+            fn, args = (self._group_call(handle, j, gs, gweights[j], packed, out, fill) if num else (None, ()))
             _, ev = clock.run(record, fn, *args, deps=(ev_pack,))
             group_events.append(ev)
             stats.npu_calls += int(gs.resident)
@@ -278,8 +285,8 @@ class PlanExecutor:
             self.monitor.observe(ctx.index, layer, torch.bincount(top_k_index[active], minlength=lay.n_experts), stats)
         return y.to(hidden.dtype) if num else None
 
-    def _group_call(self, handle, gs, w, packed, out, fill):
-        """(fn, args) running one static group in place on its rows of the packed buffers."""
+    def _group_call(self, handle, j, gs, w, packed, out, fill):
+        """(fn, args) running one static group (the layer's j-th) in place on its rows of the packed buffers."""
         H = packed.shape[1]
         G = len(gs.experts)
         x = packed[gs.start:gs.start + gs.rows].view(G, gs.capacity, H)
@@ -291,9 +298,21 @@ class PlanExecutor:
                      for j, e in enumerate(gs.experts)]
             return self.packed_experts(handle).ffn_rows, (packed, spans, out)
         if fill is not None:   # one bmm per group; skipping padding trims the rows past the group's fullest expert
-            m = max(fill[e] for e in gs.experts)
+            fills = [fill[e] for e in gs.experts]
+            m = max(fills)
+            if PER_EXPERT_SPLIT and G > 1 and G * m >= PER_EXPERT_SPLIT * sum(fills):
+                if isinstance(w, EmulatedFp16Weights):     # the roundings once per group, the GEMMs per expert
+                    return emulated_split_ffn, (x, w, y, fills)
+                return _run_split, (x, self._split_weights(handle.layer, j, w), y, fills, self._work)
             x, y = x[:, :m], y[:, :m]
         return _run_group, (x, w, y, self._work)
+
+    def _split_weights(self, layer: int, j: int, w) -> list:
+        """Group j's weights as one [1, ...] view per expert (built once per layer and plan)."""
+        key = (layer, j)
+        if key not in self._split:
+            self._split[key] = [select_npu(w, [k]) for k in range(w.n_experts)]
+        return self._split[key]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -338,6 +357,14 @@ def _run_group(x, w, out=None, work=None):
     if out is None:
         return group_ffn(x, w)
     return group_ffn_into(x, w, out, work)
+
+
+def _run_split(x, ws, out, fills, work=None):
+    """A group expert by expert, each on its filled rows only ([1, f, H] slices of x and out)."""
+    for k, f in enumerate(fills):
+        if f:
+            _run_group(x[k:k + 1, :f], ws[k], out[k:k + 1, :f], work)
+    return out
 
 
 def _run_backend(backend, handle, x, out):

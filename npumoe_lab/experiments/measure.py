@@ -200,7 +200,7 @@ def group_rows(model, geometry, capacity, sizes, repeats, device, npu_backend, d
     packed = torch.randn(lay.total_rows, H, generator=g).to(dtype)
     out = torch.empty_like(packed)
     timed = [(j, gs) for j, gs in enumerate(lay.groups) if gs.resident][:n_timed]
-    calls = [ex._group_call(handle, gs, gweights[j], packed, out, None) for j, gs in timed]
+    calls = [ex._group_call(handle, j, gs, gweights[j], packed, out, None) for j, gs in timed]
     for fn, args in calls:       # warm-up (first calls pay kernel selection, allocation)
         fn(*args)
     load, times = HostLoad(), [[] for _ in calls]

@@ -3,6 +3,7 @@ and the op stream (so the modeled TTFT), under pruning plans whose capacities bi
 import pytest
 import torch
 
+import npumoe_lab.execution.engine as engine
 from npumoe_lab.devices import get_platform
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.batched import batched_prefill
@@ -31,8 +32,11 @@ def _prompts(tok, B, T, seed):
 @pytest.mark.parametrize("variant,saliency,percentile,T", [("npumoe-tg", "random", 50, 400),
                                                             ("npumoe-tg", "weight_x_norm", 70, 512),
                                                             ("npumoe", "weight_x_norm", 50, 300)])
-def test_batch_equals_each_sequence_alone(tiny, variant, saliency, percentile, T):
+def test_batch_equals_each_sequence_alone(tiny, variant, saliency, percentile, T, monkeypatch):
     model, tok = tiny
+    splits = []                             # groups run expert by expert on their filled rows (engine.py)
+    for name in ("emulated_split_ffn", "_run_split"):   # fp16 emulated here; a native fp16 GEMM elsewhere
+        monkeypatch.setattr(engine, name, lambda *a, f=getattr(engine, name): splits.append(1) or f(*a))
     plat = get_platform("m2-max")
     profile = calibration_profile(model, tok, "mixed", 256, 2048)
     plan = variant_plan(profile, variant, model, platform=plat, percentile=percentile, saliency=saliency)
@@ -55,6 +59,7 @@ def test_batch_equals_each_sequence_alone(tiny, variant, saliency, percentile, T
         assert got.summary["drop_rate"] == want.summary["drop_rate"]
         dropped += sum(s.dropped for *_, s in got.stats)
     assert dropped > 0                      # the plans really prune: equality covers the drops
+    assert splits                           # and the split groups
     # the three sequences' own counts differ: nothing was pooled across them
     assert len({sum(s.dropped for *_, s in r.stats) for r in alone}) > 1
 
