@@ -8,7 +8,9 @@ per-op reference path instead. `--platforms` replaces the grid's two platforms (
 e.g. the fitted graph-level ones: --platforms data/fits/m2-max-fit.yaml,data/fits/m2-ultra-fit.yaml. Beside the
 in-process grid, the same grid through the command line (`python -m npumoe_lab simulate <GRID's flags> --out DIR`,
 with --draws 0 and the CLI's default 200) as a subprocess, `--cli-repeats` times each (median; wall and the child's
-CPU time, imports and writing included; 0: skip)."""
+CPU time, imports and writing included; 0: skip). Then the 12,800-plan sweep (`python -m npumoe_lab sweep
+sweeps/simulate_10k.yaml --workers 2 --out DIR`, a fresh folder: every cell runs) the same way, wall and CPU
+(target <= 60 s; `--no-sweep`: skip it, ~3-7 min on 2 cores)."""
 from __future__ import annotations
 
 import argparse
@@ -76,13 +78,37 @@ def timed_cli(routing: str, draws: int, repeats: int, platforms: str = GRID["pla
     return statistics.median(walls), statistics.median(cpus), walls
 
 
+def timed_sweep(spec: str, workers: int):
+    """(wall s, child CPU s, cells): the sweep command run once into a fresh folder (every cell computed and
+    written; imports, the pool's start-up and the rows' files included)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "NPUMOE_NO_PROGRESS": "1"}
+    with tempfile.TemporaryDirectory() as out:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "npumoe_lab", "sweep", spec, "--out", out, "--workers",
+                               str(workers)], cwd=ROOT, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cells = len(list(Path(out).glob("cells/*/DONE.json")))
+    if done.returncode != 0:
+        raise SystemExit(f"the sweep command failed (exit {done.returncode}): {done.stderr.strip()[-500:]}")
+    return wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, cells
+
+
 def cold() -> None:
     """Forget what a process keeps between simulations (routing sources with their calibration draws and
-    profiles, plan parts, layouts, FFN estimates): every timed run starts cold."""
+    profiles, plan parts, layouts and groups, FFN estimates, GEMM rate tables, template rows, point parameters):
+    every timed run starts cold."""
+    from npumoe_lab.planning import layout, makespan, plan
     from npumoe_lab.planning.residency import _ffn_seconds
+    from npumoe_lab.sim import array_replay, stream
     from npumoe_lab.sim.run import _cached_source, _dropless
-    for cache in (_cached_source, _dropless, _ffn_seconds):
+    for cache in (_cached_source, _dropless, _ffn_seconds, makespan._group_call_s, stream._layer_rows,
+                  stream._pack_row):
         cache.cache_clear()
+    for kept in (layout._LAYOUTS, layout._GROUPS, plan._CHECKED, makespan._RATES, array_replay._POINT):
+        kept.clear()
 
 
 def timed(fn, repeats: int):
@@ -111,6 +137,9 @@ def main(argv=None) -> int:
                     help="runs of the grid's simulate command line per draw count (median; 0: skip)")
     ap.add_argument("--decode-tokens", type=int, default=8,
                     help="greedy decode steps of every row (default 8, the paper's; 0: prefill only)")
+    ap.add_argument("--no-sweep", dest="sweep", action="store_false",
+                    help="skip the 12,800-plan sweep (sweeps/simulate_10k.yaml) through the command line")
+    ap.add_argument("--sweep-workers", type=int, default=2, help="--workers of the sweep command (default 2)")
     ap.add_argument("--decode-repeats", type=int, default=3,
                     help="interleaved runs of the grid at --decode-tokens and at 0 for their CPU-time ratio "
                          "(median; target <= 1.2x; 0: skip)")
@@ -146,6 +175,13 @@ def main(argv=None) -> int:
                   f"--out DIR, {how}; imports, printing and writing included): {wall_c:.1f} s wall, {cpu_c:.1f} s "
                   f"CPU (median of {a.cli_repeats}: {', '.join(f'{t:.1f}' for t in walls_c)} s wall); load average "
                   f"{load1:.1f} -> {os.getloadavg()[0]:.1f}; target <= {5 if draws == 0 else 60} s")
+    if a.sweep:
+        load1 = os.getloadavg()[0]
+        wall_s, cpu_s, cells = timed_sweep("sweeps/simulate_10k.yaml", a.sweep_workers)
+        print(f"10k sweep through the command line (python -m npumoe_lab sweep sweeps/simulate_10k.yaml --workers "
+              f"{a.sweep_workers} --out DIR, a fresh folder; {cells} cells x 16 plans, 8 decode steps each): "
+              f"{wall_s:.1f} s wall, {cpu_s:.1f} s CPU; load average {load1:.1f} -> {os.getloadavg()[0]:.1f}; "
+              f"target <= 60 s")
     if a.tables:
         print(paper_scale_markdown(df))
     return 0

@@ -55,7 +55,28 @@ class LayerLayout:
 
     @staticmethod
     def from_plan_layer(lp: dict) -> "LayerLayout":
-        """The typed form of one layer of a Plan's JSON (`Plan.layers[i]`)."""
+        """The typed form of one layer of a Plan's JSON (`Plan.layers[i]`). Layouts are immutable and a grid's
+        plans repeat layers and groups (a plan is checked, then compiled; platforms and variants share layers, and
+        plans that differ in residency share most groups), so both are kept (bounded) by their content and
+        returned again for the same content."""
+        try:
+            gkeys = tuple((g["id"], tuple(g["experts"]), g["capacity"], bool(g["resident"]), g.get("tier"))
+                          for g in lp["groups"])
+            key = (lp["layer"], lp["n_experts"], lp["top_k"], lp["hidden"], lp["intermediate"], gkeys)
+            hit = _LAYOUTS.get(key)
+        except TypeError:                  # unhashable content (a hand-edited plan): built, not kept
+            return LayerLayout._from_plan_layer(lp)
+        if hit is not None and all(type(g.tier) is type(k[4]) for g, k in zip(hit.groups, gkeys)):
+            return hit
+        built = LayerLayout(int(lp["layer"]), int(lp["n_experts"]), int(lp["top_k"]), int(lp["hidden"]),
+                            int(lp["intermediate"]), tuple(_group(k) for k in gkeys))
+        if len(_LAYOUTS) >= MAX_KEPT_LAYOUTS:
+            _LAYOUTS.clear()
+        _LAYOUTS[key] = built
+        return built
+
+    @staticmethod
+    def _from_plan_layer(lp: dict) -> "LayerLayout":
         groups = tuple(GroupLayout(int(g["id"]), tuple(int(e) for e in g["experts"]), int(g["capacity"]),
                                    "npu" if g["resident"] else "cpu", g.get("tier")) for g in lp["groups"])
         return LayerLayout(int(lp["layer"]), int(lp["n_experts"]), int(lp["top_k"]), int(lp["hidden"]),
@@ -64,6 +85,27 @@ class LayerLayout:
     @property
     def cold_experts(self) -> tuple[int, ...]:
         return tuple(sorted(e for g in self.groups if not g.resident for e in g.experts))
+
+
+MAX_KEPT_LAYOUTS = 8192
+MAX_KEPT_GROUPS = 65536
+# content -> layout / group (from_plan_layer). A kept one serves a key only where the tiers (stored as given, not
+# cast) have the same types: 1 == 1.0 hashes alike, so a lookup alone could hand back a tier of another type.
+_LAYOUTS: dict = {}
+_GROUPS: dict = {}
+
+
+def _group(key: tuple) -> GroupLayout:
+    """The GroupLayout of a plan group's (id, experts, capacity, resident, tier), kept by that content."""
+    hit = _GROUPS.get(key)
+    if hit is not None and type(hit.tier) is type(key[4]):
+        return hit
+    gid, experts, capacity, resident, tier = key
+    built = GroupLayout(int(gid), tuple(int(e) for e in experts), int(capacity), "npu" if resident else "cpu", tier)
+    if len(_GROUPS) >= MAX_KEPT_GROUPS:
+        _GROUPS.clear()
+    _GROUPS[key] = built
+    return built
 
 
 @dataclass(frozen=True)

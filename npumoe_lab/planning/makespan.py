@@ -23,6 +23,7 @@ a faster NPU or CPU (which lowers every candidate's makespan) never raises the c
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -43,6 +44,35 @@ def cold_experts_cost(load: int, n_experts: int, hidden: int, intermediate: int,
     cost = expert_ffn_cost(1, max(1, int(load)), hidden, intermediate, dtype_bytes=dtype_bytes, calls=n_exp)
     return OpCost("experts_dynamic", cost.flops, cost.bytes + (n_exp - 1) * 3 * hidden * intermediate * dtype_bytes,
                   n_exp, cost.gemm)
+
+
+@functools.lru_cache(maxsize=65536)
+def _group_call_s(npu, g: int, capacity: int, hidden: int, intermediate: int, dtype_bytes: int,
+                  weight_bytes: int) -> float:
+    """npu.estimate of one static group call (pure: a grid's plans ask for the same few shapes)."""
+    return npu.estimate(expert_ffn_cost(g, capacity, hidden, intermediate, dtype_bytes, weight_bytes=weight_bytes))
+
+
+_RATES: dict = {}        # (device, N, K) -> [M] c.gemm_rate((m, N, K)) for m = 0, 1, ... (index 0 unused)
+
+
+def gemm_rates(device, m: np.ndarray, n: int, k: int) -> np.ndarray:
+    """device.gemm_rate((int(m), n, k)) elementwise for whole-number m >= 1, read from a table of the device's
+    rates per row count (built once per device and shape, grown as larger m come): a plan sweep asks for the same
+    few thousand rates millions of times."""
+    top = int(m.max()) if m.size else 0
+    key = (device, int(n), int(k))
+    table = _RATES.get(key)
+    if table is None or len(table) <= top:
+        have = 0 if table is None else len(table)
+        grown = [device.gemm_rate((i, n, k)) for i in range(max(have, 1), max(top + 1, 2 * have))]
+        table = np.concatenate([np.zeros(1) if table is None else table, np.array(grown, dtype=np.float64)])
+        if len(_RATES) >= 256:
+            _RATES.clear()
+        _RATES[key] = table
+    if m.size and (m != np.floor(m)).any():
+        raise NpuMoeError("gemm_rates needs whole-number row counts")
+    return table[m.astype(np.int64)]
 
 
 @dataclass
@@ -75,8 +105,7 @@ class LayerMakespan:
                       + cpu.estimate(memory_cost(n_assign * 16, "dispatch"))
                       + cpu.estimate(memory_cost(2 * n_assign * H * b, "scatter")))
         wb = case.npu_weight_bytes or b
-        self.npu_s = np.array([npu.estimate(expert_ffn_cost(len(e), int(c), H, I, b, weight_bytes=wb))
-                               for e, c in case.groups])
+        self.npu_s = np.array([_group_call_s(npu, len(e), int(c), H, I, b, wb) for e, c in case.groups])
         self.rows = np.array([len(e) * int(c) for e, c in case.groups], dtype=np.float64)
         self.load = np.stack([counts[list(e)].sum(0) for e, _ in case.groups])             # [n, chunks]
         self.touched = np.stack([(counts[list(e)] > 0).sum(0) for e, _ in case.groups])    # [n, chunks]
@@ -96,8 +125,7 @@ class LayerMakespan:
         c, H, I, b = self.platform.cpu, self.case.hidden, self.case.intermediate, self.case.dtype_bytes
         n = np.maximum(touched, 1.0)
         m = np.maximum(load, 1.0)
-        uniq, inv = np.unique(m, return_inverse=True)
-        rate = np.array([c.gemm_rate((int(u), I, H)) for u in uniq])[inv.reshape(m.shape)]
+        rate = gemm_rates(c, m, I, H)
         flops, nbytes = 6.0 * m * H * I, 3.0 * H * I * b * n + 2.0 * m * H * b
         t = n * c.call_overhead_s + np.maximum(flops / rate, nbytes / c.bandwidth_bytes_s)
         return np.where(load > 0, t, 0.0)

@@ -168,6 +168,29 @@ def _check_layer(lp: dict) -> None:
     capacity >= 1, run in layout.LayerLayout): per-expert capacities and tiers that agree with the groups."""
     name = f"plan layer {lp.get('layer')}"
     E, cap, tier, tc = lp["n_experts"], lp["capacity"], lp["tier"], lp["tier_capacities"]
+    # a grid's plans repeat a layer's capacities and groups (only residency differs): their content checked once
+    # (keyed where the tiers are ints: 1.0 == 1 would let a float tier, which cannot index, pass on a kept key)
+    key = None
+    if set(map(type, tier)) == {int}:
+        try:
+            key = (E, tuple(cap), tuple(tier), tuple(tc),
+                   tuple((tuple(g["experts"]), g["capacity"]) for g in lp["groups"]))
+        except TypeError:
+            key = None
+    if key is not None and key in _CHECKED:
+        LayerLayout.from_plan_layer(lp)      # the layout's own checks (its residency may be new)
+        return
+    _check_layer_content(lp, name, E, cap, tier, tc)
+    if key is not None:
+        if len(_CHECKED) >= 8192:
+            _CHECKED.clear()
+        _CHECKED.add(key)
+
+
+_CHECKED: set = set()        # content keys of plan layers that passed _check_layer_content
+
+
+def _check_layer_content(lp, name, E, cap, tier, tc) -> None:
     if len(cap) != E or len(tier) != E:
         raise NpuMoeError(f"{name}: capacity and tier need {E} entries, got {len(cap)} and {len(tier)}")
     if any(cap[e] != tc[tier[e]] for e in range(E)):
@@ -259,7 +282,8 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
         if counts.shape[0] > spec.n_experts:
             raise NpuMoeError(f"layer {spec.layer}: the profile has {counts.shape[0]} experts, the model "
                               f"{spec.n_experts}; calibrate this model")
-        counts = np.pad(counts, ((0, spec.n_experts - counts.shape[0]), (0, 0)))   # never-routed experts
+        counts = np.pad(counts, ((0, spec.n_experts - counts.shape[0]), (0, 0))) if counts.shape[0] < \
+            spec.n_experts else counts.copy()        # never-routed experts (np.pad's own copy where none is missing)
         shape = (spec.layer, spec.n_experts, spec.top_k, spec.hidden, spec.intermediate)
         tier_args = (k.tiers, k.percentile, k.align, k.min_capacity, repr(k.multipliers), k.capacity_rule,
                      k.uniform_slack, k.top_fraction)
@@ -278,7 +302,8 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
             thr = profile.chunk * spec.top_k / spec.n_experts
         routed = counts.mean(axis=1)         # expected routed tokens per chunk per expert: the CPU's load
         routed_ = routed.tolist()            # Python floats: the same sums, without a NumPy scalar per expert
-        loads = [float(sum(routed_[e] for e in g.experts)) for g in groups]
+        loads = [float(routed_[g.experts[0]]) if len(g.experts) == 1 else float(sum(routed_[e] for e in g.experts))
+                 for g in groups]             # one expert: its load (0 + x is x: loads are never -0.0)
         model = None
         if budget_ is not None and groups and residency == "makespan":     # one model: search, then budget
             model = LayerMakespan(LayerCase([(g.experts, g.capacity) for g in groups], counts, spec.hidden,

@@ -43,17 +43,33 @@ def group_times(group, platform, hidden: int, intermediate: int, dtype_bytes: in
                 load: float | None = None) -> tuple[float, float]:
     """(modeled NPU seconds for one call over the padded group, modeled CPU seconds for `load` tokens in all,
     default the group's expected kept tokens)."""
+    return _group_times(group, platform, hidden, intermediate, dtype_bytes, load, None)
+
+
+def _group_times(group, platform, hidden, intermediate, dtype_bytes, load, memo: dict | None):
+    """group_times; `memo`: a dict of this caller's device estimates by (role, shape) (a plan's layers ask for the
+    same few shapes thousands of times, and each lookup of _ffn_seconds' cache hashes the whole device)."""
     g = len(group.experts)
-    npu_wb = getattr(platform.npu, "weight_bytes", None)
-    npu = _ffn_seconds(platform.npu, g, int(group.capacity), hidden, intermediate, dtype_bytes, npu_wb, 1)
+    npu = _estimate(platform, "npu", g, int(group.capacity), hidden, intermediate, dtype_bytes, 1, memo)
     load = group.expected_tokens if load is None else load
     if load <= 0:
         return npu, 0.0
     # the CPU runs the same weights over `load` rows in all, one op call per expert (the engine's cold path)
     per_expert = max(1, math.ceil(load / g))
-    cpu = _ffn_seconds(platform.cpu, g, per_expert, hidden, intermediate, dtype_bytes,
-                       getattr(platform.cpu, "weight_bytes", None), g)
+    cpu = _estimate(platform, "cpu", g, per_expert, hidden, intermediate, dtype_bytes, g, memo)
     return npu, cpu
+
+
+def _estimate(platform, role, g, rows, hidden, intermediate, dtype_bytes, calls, memo):
+    key = (role, g, rows, hidden, intermediate, dtype_bytes, calls)
+    if memo is not None and key in memo:
+        return memo[key]
+    device = platform.npu if role == "npu" else platform.cpu
+    out = _ffn_seconds(device, g, rows, hidden, intermediate, dtype_bytes, getattr(device, "weight_bytes", None),
+                       calls)
+    if memo is not None:
+        memo[key] = out
+    return out
 
 
 @functools.lru_cache(maxsize=65536)
@@ -134,9 +150,9 @@ def assign_residency(groups, mode: str = "threshold", hot_threshold: float | Non
                               "MoELayerSpec; pass both or use mode='threshold'")
         if loads is not None and len(loads) != len(groups):
             raise NpuMoeError(f"residency 'cost' got {len(loads)} loads for {len(groups)} groups; pass one per group")
-        resident = []
+        resident, memo = [], {}
         for i, g in enumerate(groups):
             load = g.expected_tokens if loads is None else float(loads[i])
-            npu, cpu = group_times(g, platform, spec.hidden, spec.intermediate, dtype_bytes, load)
+            npu, cpu = _group_times(g, platform, spec.hidden, spec.intermediate, dtype_bytes, load, memo)
             resident.append(load > 0 and npu < cpu)
     return fit_budget(groups, resident, npu_memory_budget_bytes)

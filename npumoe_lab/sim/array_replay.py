@@ -116,11 +116,25 @@ def stream_metrics(stream, params: dict, shared: bool) -> dict:
     return {k: np.broadcast_to(np.asarray(v, dtype=np.float64), (D,)) for k, v in out.items()}
 
 
+_POINT: dict = {}      # id(platform) -> (platform, its platform_params): a grid prices thousands of streams on few
+
+
+def _point_params(platform) -> dict:
+    """platform_params(platform), kept per platform object (platforms are frozen; the entry holds the object, so
+    its id is not reused while kept); a copy, so no caller changes the kept one."""
+    hit = _POINT.get(id(platform))
+    if hit is None or hit[0] is not platform:
+        if len(_POINT) >= 256:
+            _POINT.clear()
+        hit = _POINT[id(platform)] = (platform, platform_params(platform))
+    return dict(hit[1])
+
+
 def summarize_stream(stream, platform, draws: dict | None = None) -> dict:
     """The result-row summary `runtime.finish` gives for the same ops (timeline.summarize + drop / pad rates), and
     with `draws` (parameter_draws of this platform) the 90 % interval of ttft_s, energy_per_token_mj, cpu_cycles."""
     shared = platform.npu_shares_cpu
-    m = {k: float(v[0]) for k, v in stream_metrics(stream, platform_params(platform), shared).items()}
+    m = {k: float(v[0]) for k, v in stream_metrics(stream, _point_params(platform), shared).items()}
     r = _reduced(stream, distinct=False)
     roles = np.unique(stream.cols["role"])
     work = (stream.cols["role"] == CPU).any() or (shared and (roles == NPU).any()) or \

@@ -12,6 +12,7 @@ touch the same experts).
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 
@@ -105,8 +106,7 @@ def decode_stream(geometry, executor, counts: RoutingCounts, prompt_len: int, ch
                   attention: str = "npu", dtype_bytes: int = 2, npu_weight_bytes: int | None = None):
     """The op stream `replay_decode` records for steps counted as `counts` (step_counts), as arrays."""
     dec = decode_executor(executor, policy)
-    stream = build_stream(geometry, dec, counts, attention=attention, dtype_bytes=dtype_bytes,
-                          npu_weight_bytes=npu_weight_bytes)
+    stream = _steps_stream(geometry, dec, counts, attention, dtype_bytes, npu_weight_bytes)
     cols, N = stream.cols, counts.n_chunks
     step = cols["chunk"].copy()
     att, rest = cols["kind"] == KIND["attention"], cols["kind"] == KIND["other"]
@@ -124,6 +124,24 @@ def decode_stream(geometry, executor, counts: RoutingCounts, prompt_len: int, ch
     cols["chunk"] = step + -(-prompt_len // chunk)
     stream.n_tokens = N
     return stream
+
+
+def _steps_stream(geometry, dec, counts, attention, dtype_bytes, npu_weight_bytes):
+    """build_stream of the steps, a fresh copy each call (decode_stream then sets what the prompt changes): the
+    steps' stream is kept on the decode executor per counts object, so a grid's prompt lengths build it once."""
+    build = lambda: build_stream(geometry, dec, counts, attention=attention, dtype_bytes=dtype_bytes,  # noqa: E731
+                                 npu_weight_bytes=npu_weight_bytes)
+    if dec is None:
+        return build()
+    kept = dec.__dict__.setdefault("_steps_streams", {})
+    key = (id(counts), geometry, attention, dtype_bytes, npu_weight_bytes)
+    hit = kept.get(key)
+    if hit is None or hit[0] is not counts:          # the entry holds the counts: its id is not reused meanwhile
+        if len(kept) >= 8:
+            kept.clear()
+        hit = kept[key] = (counts, build())
+    base = hit[1]
+    return dataclasses.replace(base, cols={k: v.copy() for k, v in base.cols.items()}, _cache={})
 
 
 def stream_decode_summary(stream, platform) -> dict:

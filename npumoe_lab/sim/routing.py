@@ -36,6 +36,7 @@ import pandas as pd
 
 from npumoe_lab.planning.profile import CalibrationProfile
 from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.sim.topk import smallest_k
 from npumoe_lab.sim.textlike import (WORKLOAD_NAMES, check_concentration, dirichlet, load_defaults, mix_names,
                                      tv_overlap)
 
@@ -77,10 +78,7 @@ def sample_routing_np(shares, T: int, K: int, rng: np.random.Generator, perm=Non
     np.negative(neg, out=neg)
     np.log(neg, out=neg)
     np.subtract(neg, logp, out=neg)
-    idx = np.argpartition(neg, K - 1, axis=1)[:, :K]
-    nv = np.take_along_axis(neg, idx, 1)
-    order = np.argsort(nv, axis=1, kind="stable")
-    idx, nv = np.take_along_axis(idx, order, 1), np.take_along_axis(nv, order, 1)
+    idx, nv = smallest_k(neg, K)                    # the K smallest, ascending (= argpartition + stable sort)
     w = np.exp(nv[:, :1] - nv)                      # = exp(v - v_max) of the scores v = -nv
     return idx.astype(np.int64), (w / w.sum(1, keepdims=True)).astype(np.float32)
 

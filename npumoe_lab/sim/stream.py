@@ -18,6 +18,7 @@ Dependencies (what the engine's clock records): CHAIN = after the previous op; B
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -189,12 +190,45 @@ def _static_part(executor, layer: int, E: int):
     return static, cap, cold, sum(len(g.experts) * g.capacity for g in static)
 
 
+@functools.lru_cache(maxsize=256)
+def _layer_rows(geometry, chunk, attention, db, npu_wb) -> dict:
+    """{MoE layer: (router, dispatch, scatter, shared experts or None) rows} of a chunk: the same for every plan of
+    the geometry (the templates of a grid's many executors read them; blocks are copied when a template is built)."""
+    H = geometry.hidden
+    ctx0 = ChunkContext(index=0, past=0, n_real=chunk, length=chunk, clock=None, numerics=False,
+                        dtype_bytes=db, npu_weight_bytes=npu_wb)
+    out = {}
+    for layer, spec in geometry.moe_layers.items():
+        shared_row = None
+        if spec.n_shared_experts > 0:
+            sh = geometry.shared_op(layer, ctx0, attention).cost
+            m, k_ = 3 * geometry.shared_intermediate, ctx0.weight_bytes(attention)
+            shared_row = _block(_cost_row("shared_experts", _role(attention), layer, sh, CHAIN, H * m * k_))
+        router_row = _block(_cost_row("router", CPU, layer, geometry.router_op(layer, ctx0).cost, CHAIN,
+                                      H * spec.n_experts * db))
+        n_assign = chunk * spec.top_k
+        dispatch_row = _block(_cost_row("dispatch", CPU, layer, memory_cost(n_assign * 16, "dispatch"), CHAIN, 0))
+        scatter_row = _block(_cost_row("scatter", CPU, layer, memory_cost(2 * n_assign * H * db, "scatter"), JOIN,
+                                       0))
+        for row in (router_row, dispatch_row, scatter_row, shared_row):
+            if row is not None:
+                row.flags.writeable = False
+        out[layer] = (router_row, dispatch_row, scatter_row, shared_row)
+    return out
+
+
+@functools.lru_cache(maxsize=65536)
+def _pack_row(layer: int, nbytes: int) -> np.ndarray:
+    row = _block(_cost_row("pack", CPU, layer, memory_cost(nbytes, "pack"), CHAIN, 0))
+    row.flags.writeable = False
+    return row
+
+
 def _template(geometry, executor, layers, E, chunk, attention, db, npu_wb) -> _Template:
     moe = geometry.moe_layers
     pos = {layer: j for j, layer in enumerate(layers)}
     H = geometry.hidden
-    ctx0 = ChunkContext(index=0, past=0, n_real=chunk, length=chunk, clock=None, numerics=False,
-                        dtype_bytes=db, npu_weight_bytes=npu_wb)
+    rows = _layer_rows(geometry, chunk, attention, db, npu_wb)
     blocks, fill, att, per_layer, n = [], [], [], [], 0
 
     def add(block):
@@ -214,28 +248,23 @@ def _template(geometry, executor, layers, E, chunk, attention, db, npu_wb) -> _T
             continue
         j = pos[layer]
         shared = spec.n_shared_experts > 0
-        if shared:
-            sh = geometry.shared_op(layer, ctx0, attention).cost
-            m, k_ = 3 * geometry.shared_intermediate, ctx0.weight_bytes(attention)
-            shared_row = _block(_cost_row("shared_experts", _role(attention), layer, sh, CHAIN, H * m * k_))
+        router_row, dispatch_row, scatter_row, shared_row = rows[layer]
         if shared and geometry.shared_first:
             add(shared_row)
-        add(_block(_cost_row("router", CPU, layer, geometry.router_op(layer, ctx0).cost, CHAIN,
-                             H * spec.n_experts * db)))
+        add(router_row)
         if executor is None:
             placeholder(("hf", j, spec))
         else:
             static, cap, dyn_cold, R = _static_part(executor, layer, E)
-            n_assign = chunk * spec.top_k
-            add(_block(_cost_row("dispatch", CPU, layer, memory_cost(n_assign * 16, "dispatch"), CHAIN, 0)))
-            add(_block(_cost_row("pack", CPU, layer, memory_cost(2 * R * H * db, "pack"), CHAIN, 0)))
+            add(dispatch_row)
+            add(_pack_row(layer, 2 * R * H * db))
             if static:
                 add(_group_rows(static, layer, H, spec.intermediate, db, npu_wb))
             per_layer.append((j, cap, dyn_cold, R, bool(executor.spill)))
             placeholder(("cold", j, spec))
             if executor.spill:
                 placeholder(("spill", j, spec))
-            add(_block(_cost_row("scatter", CPU, layer, memory_cost(2 * n_assign * H * db, "scatter"), JOIN, 0)))
+            add(scatter_row)
         if shared and not geometry.shared_first:
             add(shared_row)
     add(_block({"kind": KIND["other"], "role": CPU, "layer": -1}))     # the rest of the chunk, filled per chunk
