@@ -84,25 +84,24 @@ def emulated_group_ffn(x: torch.Tensor, w: EmulatedFp16Weights, out: torch.Tenso
     return y.to(x.dtype) if out is None else out.copy_(y)
 
 
+def _mm_filled(a: torch.Tensor, mats: torch.Tensor, fills) -> torch.Tensor:
+    """[G, m, N]: each expert's a[k, :fills[k]] @ mats[k] (one mm per filled expert); rows past a fill are scratch."""
+    y = a.new_empty(a.shape[0], a.shape[1], mats.shape[-1])
+    for k, f in enumerate(fills):
+        if f:
+            torch.mm(a[k, :f], mats[k], out=y[k, :f])
+    return y
+
+
 def emulated_split_ffn(x: torch.Tensor, w: EmulatedFp16Weights, out: torch.Tensor, fills) -> torch.Tensor:
     """emulated_group_ffn with each expert's GEMMs over its first fills[k] rows only ([G, C, H] -> rows of `out`).
     The roundings and the gate run once over the group's [G, max fill] rows (elementwise: rows past an expert's
     fill hold scratch that is computed on but never copied out); the GEMMs, the cost, one per filled expert."""
-    G, m = x.shape[0], max(fills)
-    x16 = x[:, :m].to(FP16).float()
-    h = x16.new_empty(G, m, w.gate_up.shape[-1])
-    for k, f in enumerate(fills):
-        if f:
-            torch.mm(x16[k, :f], w.gate_up[k], out=h[k, :f])
-    h = h.to(FP16)
+    x16 = x[:, :max(fills)].to(FP16).float()
+    h = _mm_filled(x16, w.gate_up, fills).to(FP16)
     if w.b_gate_up is not None:
         h = h + w.b_gate_up.to(FP16).unsqueeze(1)
-    a = w.apply_gate(h).float()
-    y = x16.new_empty(G, m, w.down.shape[-1])
-    for k, f in enumerate(fills):
-        if f:
-            torch.mm(a[k, :f], w.down[k], out=y[k, :f])
-    y = y.to(FP16)
+    y = _mm_filled(w.apply_gate(h).float(), w.down, fills).to(FP16)
     if w.b_down is not None:
         y = y + w.b_down.to(FP16).unsqueeze(1)
     for k, f in enumerate(fills):
