@@ -138,6 +138,8 @@ def fit_host(df, source: str = "", include_busy: bool = False, dtype: str | None
     res["cov_log"] = cov
     res["cv"] = cross_validated_sigma(ops, y, [prefill_group(r) for r in recs], res) if cv else \
         {"sigma_log": float("nan"), "n_prefills": 0, "folds": [], "median_abs_err": float("nan")}
+    probes = pd.to_numeric(quiet["host_probe_s"], errors="coerce").dropna() if "host_probe_s" in quiet else []
+    res["probe_s"] = float(np.median(probes)) if len(probes) else None      # the host's speed (hostspeed.py)
     res.update(chip=str(quiet["chip"].iloc[0]), rows_used=list(quiet["id"]), dtype=dtype,
                n_busy_skipped=0 if include_busy else int(len(busy)), n_busy_used=int(len(busy)) if include_busy else 0)
     return res
@@ -183,6 +185,8 @@ def _fit_summary(res: dict, measurements: str, stamp: str) -> dict:
             "free_parameters": list(res["free"]),
             "fit_median_abs_err": res["median_abs_err"], "fit_worst_abs_err": res["worst_abs_err"],
             "rms_log": res["rms_log"], "torch_threads": res.get("threads"),
+            # median host speed probe over the rows used: a run at another speed is not counted (hostspeed.py)
+            "probe_s": res.get("probe_s"),
             # the predictive uncertainty of a whole prefill (validate-device --runs): posterior x CV noise
             "posterior_cov_log": [[float(v) for v in row] for row in np.asarray(res["cov_log"])],
             "posterior": "Laplace (Gauss-Newton) approximation at the least-squares optimum, log parameters",
@@ -292,7 +296,7 @@ def load_host_uncertainty(path, dtype: str | None = None) -> dict | None:
     sigma = summ.get("cv_sigma_log")
     return {"free": list(summ["free_parameters"]), "cov_log": np.asarray(summ["posterior_cov_log"], float),
             "sigma_log": float(sigma) if sigma is not None and np.isfinite(sigma) else 0.0,
-            "threads": summ.get("torch_threads")}
+            "threads": summ.get("torch_threads"), "probe_s": summ.get("probe_s")}
 
 
 def measured_threads(measurements) -> int | None:

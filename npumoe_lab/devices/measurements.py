@@ -34,7 +34,7 @@ CHIPS = ("m1", "m1-pro", "m1-max", "m1-ultra", "m2", "m2-pro", "m2-max", "m2-ult
 HOST_CHIP = re.compile(r"^host-[a-z0-9][a-z0-9_.-]*$")      # this machine: host-<host profile key>
 REQUIRED = ("id", "chip", "device", "path", "kind", "work", "measured_s", "source", "confidence", "role")
 # host rows (`npumoe-lab measure`, experiments/measure.py) also say how busy the host was and how spread the repeats
-HOST_FIELDS = ("host_busy", "host_busy_reason", "host_other_cores", "iqr_s", "repeats")
+HOST_FIELDS = ("host_busy", "host_busy_reason", "host_other_cores", "host_probe_s", "iqr_s", "repeats")
 OPTIONAL = ("power_w", "energy_j", "note", "covers") + HOST_FIELDS
 # op-level host rows add the engine op they time: work.op (ops.OP_KINDS) and work.cost (its recorded OpCost)
 OP_WORK = ("op", "cost")
@@ -42,7 +42,7 @@ GEMM_WORK = ("gemms", "act_gemms", "weight_format", "calls", "activation_elems",
 FORWARD_WORK = ("geometry", "rows", "context", "calls", "layers", "weight_format", "lm_head", "gemms", "streams",
                 "weight_passes") + OP_WORK
 COLUMNS = ("id", "file", "chip", "device", "path", "kind", "role", "confidence", "measured_s", "power_w", "energy_j",
-           "work", "source_ref", "source_read", "covers", "note", "host_busy")
+           "work", "source_ref", "source_read", "covers", "note", "host_busy", "host_probe_s")
 
 
 def known_chip(chip) -> bool:

@@ -30,6 +30,7 @@ from npumoe_lab.devices import get_platform
 from npumoe_lab.devices.cost import expert_ffn_cost
 from npumoe_lab.devices.cpu_model import annotate, from_op
 from npumoe_lab.devices.hostload import HostLoad
+from npumoe_lab.devices.hostspeed import speed_note
 from npumoe_lab.devices.hostprofile import host_chip as _host_chip
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.experts import attach, detach
@@ -115,7 +116,8 @@ def _row(rid, op, times, load, device, geometry, dtype_name, extra_work=None, no
                        "read": "median wall time over interleaved repeats, timed by the engine's clock"},
             "confidence": "L" if host["host_busy"] else "H", "role": "fit",
             "host_busy": bool(host["host_busy"]), "host_busy_reason": host["host_busy_reason"],
-            "host_other_cores": float(host["host_other_cores"]), "note": note}
+            "host_other_cores": float(host["host_other_cores"]), "host_probe_s": float(host["host_probe_s"]),
+            "note": note}
 
 
 # -- the op grid ------------------------------------------------------------------------------------------------
@@ -157,6 +159,7 @@ def prefill_rows(model, geometry, mode, n_layers, chunk, prompt, repeats, device
     run_prefill(model, ids[:, :chunk], config, measure_hf_experts=mode == "hf")        # untimed warm-up
     load, runs = HostLoad(), []
     for _ in range(repeats):
+        load.probe()                  # the host's speed before each repeat (hostspeed.py), untimed
         with load.measuring():
             res = run_prefill(model, ids, config, measure_hf_experts=mode == "hf")
         runs.append(res.ops)
@@ -206,6 +209,7 @@ def group_rows(model, geometry, capacity, sizes, repeats, device, npu_backend, d
     load, times = HostLoad(), [[] for _ in calls]
     flush = torch.empty(FLUSH_BYTES // 4)
     for r in range(repeats):
+        load.probe()
         order = list(range(len(calls)))
         order = order[r % len(order):] + order[:r % len(order)]     # interleaved: noise hits every size alike
         for j in order:
@@ -268,6 +272,22 @@ def measure_device(device: str = "cpu", geometries=GEOMETRIES, repeats: int = 5,
                 rows += group_rows(model, geom, item, spec["group_sizes"], repeats, device, npu_backend,
                                    dtype_name(dtype))
         del models
+    return flag_host_speed(rows)
+
+
+def flag_host_speed(rows: list[dict]) -> list[dict]:
+    """Rows whose host speed probe differs from the measurement's median probe by more than PROBE_LIMIT flagged
+    host_busy (the host changed speed while they were taken: hostspeed.py), in place; returns the rows."""
+    probes = [r["host_probe_s"] for r in rows if np.isfinite(r.get("host_probe_s", np.nan))]
+    if not probes:
+        return rows
+    ref = float(np.median(probes))
+    for r in rows:
+        note = speed_note(r.get("host_probe_s", np.nan), ref, against="the measurement's median")
+        if note:
+            r["host_busy"] = True
+            r["confidence"] = "L"
+            r["host_busy_reason"] = "; ".join(x for x in (r.get("host_busy_reason"), note) if x)
     return rows
 
 

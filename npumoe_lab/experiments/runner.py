@@ -17,6 +17,7 @@ from npumoe_lab.execution.calibrate import calibration_profile
 from npumoe_lab.core.cpu_features import resolve_dtype, row_fields
 from npumoe_lab.devices import as_platform
 from npumoe_lab.devices.hostload import HostLoad, warn_if_busy
+from npumoe_lab.devices.hostspeed import probe_s
 from npumoe_lab.execution.drift import DriftMonitor
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.experts import attach, detach, dropless_executor, set_executor
@@ -224,7 +225,12 @@ class _Run:
             p.per_rep = [[] for _ in range(reps)]
             p.per_draw = [[] for _ in range(reps)]
             p.per_e2e = [[] for _ in range(reps)]
+        measured = [p for p in prepared if p.config.measured]
         for r in range(reps):
+            if measured:                # the host's speed now, once per repeat (every variant shares it)
+                t = probe_s()
+                for p in measured:
+                    p.load.probes.append(t)
             for i, s in enumerate(self.samples):
                 ids = torch.tensor([s.input_ids])
                 for p in prepared:

@@ -6,8 +6,9 @@ its kind, FLOPs, bytes, calls, GEMM shape and shape (timeline.to_frame with ops)
 parameters from cpu-fit.yaml) prices each op; on the cpu platform both roles share one queue (npu_shares_cpu), so
 a prefill's modeled TTFT is the sum of its ops. Per result row the modeled TTFT is the mean over samples (the row's
 ttft_s is the mean over samples of one repeat) and is compared with the row's median over repeats
-(ttft_median_s). Rows flagged host_busy, and runs at another torch thread count than the fit's rows, are
-excluded from the statistics and counted.
+(ttft_median_s). Rows flagged host_busy, runs at another torch thread count than the fit's rows and runs whose
+host speed probe (hostspeed.py) differs from the fit rows' by more than PROBE_LIMIT are excluded from the
+statistics and counted.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from scipy.stats import norm
 
 from npumoe_lab.devices import cpu_model
 from npumoe_lab.devices.cpu_fit import load_host_model, load_host_uncertainty
+from npumoe_lab.devices.hostspeed import speed_note
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.results.atomic import atomic_open
 from npumoe_lab.results.store import normalize
@@ -113,13 +115,18 @@ def validate_runs(platform_path, runs_dir) -> pd.DataFrame:
             ran = int(g["torch_threads"].iloc[0]) if "torch_threads" in g and pd.notna(g["torch_threads"].iloc[0]) \
                 else None
             other_threads = bool(unc and unc.get("threads") and ran and ran != unc["threads"])
+            # and the host speed its rows were measured at (hostspeed.py): a run at another speed is not counted
+            probe = float(g["host_probe_s"].median()) if "host_probe_s" in g else float("nan")
+            slow = speed_note(probe, (unc or {}).get("probe_s") or float("nan"))
+            why = str(g["host_busy_reason"].iloc[0]) if busy else \
+                (f"ran at {ran} torch threads, the fit's rows at {unc['threads']}" if other_threads else "")
             out.append(dict(zip(KEYS + ["platform"], key), dtype=dtype or "", workload=str(g["workload"].iloc[0])
                             if "workload" in g else "", measured_ttft_s=measured, modeled_ttft_s=pred,
                             modeled_ttft_lo_s=lo, modeled_ttft_hi_s=hi, covered=bool(lo <= measured <= hi),
-                            ratio=pred / measured, abs_err=abs(pred / measured - 1), host_busy=busy,
-                            host_busy_reason=str(g["host_busy_reason"].iloc[0]) if busy else
-                            (f"ran at {ran} torch threads, the fit's rows at {unc['threads']}" if other_threads else ""),
-                            counted=not busy and not other_threads, n_samples=len(per_sample), run_dir=str(d)))
+                            ratio=pred / measured, abs_err=abs(pred / measured - 1), host_busy=busy or bool(slow),
+                            host_busy_reason="; ".join(x for x in (why, slow) if x), host_probe_s=probe,
+                            counted=not busy and not other_threads and not slow, n_samples=len(per_sample),
+                            run_dir=str(d)))
     if not out:
         raise NpuMoeError(f"no measured result rows under {runs_dir}; run `npumoe-lab run --platform cpu --timeline`")
     return pd.DataFrame(out)

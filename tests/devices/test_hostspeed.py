@@ -1,0 +1,57 @@
+"""The host speed probe (devices/hostspeed.py): its verdict by hand, measure's flag against its own median, the fit
+keeping the rows' median probe, and validate-device --runs not counting a run taken at another host speed."""
+import math
+
+import pandas as pd
+import pytest
+
+from npumoe_lab.devices import cpu_fit, hostspeed
+from npumoe_lab.experiments.measure import flag_host_speed
+
+
+def test_probe_times_something_real():
+    t = hostspeed.probe_s()
+    assert math.isfinite(t) and 1e-5 < t < 5.0
+
+
+@pytest.mark.parametrize("probe, ref, verdict", [
+    (0.0100, 0.0100, ""), (0.0114, 0.0100, ""), (0.0088, 0.0100, ""),        # within 15 % either way
+    (0.0116, 0.0100, "16% slower"), (0.0086, 0.0100, "14% faster"),          # 1/1.15 = 0.8696
+    (float("nan"), 0.0100, ""), (0.0100, None, ""), (0.0, 0.0100, "")])       # unknown: no verdict
+def test_speed_note_by_hand(probe, ref, verdict):
+    note = hostspeed.speed_note(probe, ref)
+    assert (verdict in note) if verdict else note == ""
+    if verdict:
+        assert "speed probe" in note and "than when fitted" in note
+
+
+def test_measure_flags_rows_taken_at_another_speed_than_its_median():
+    rows = [{"id": f"r{i}", "host_busy": False, "host_busy_reason": "", "confidence": "H", "host_probe_s": t}
+            for i, t in enumerate([0.010, 0.0101, 0.0099, 0.0130, 0.010])]
+    rows[1].update(host_busy=True, host_busy_reason="steal 6%")
+    flag_host_speed(rows)
+    assert [r["host_busy"] for r in rows] == [False, True, False, True, False]
+    assert rows[3]["host_busy_reason"].startswith("host 30% slower than the measurement's median")
+    assert rows[3]["confidence"] == "L" and rows[1]["host_busy_reason"] == "steal 6%"
+
+
+def test_a_run_at_another_host_speed_than_the_fit_is_not_counted(tmp_path):
+    from tests.devices.test_cpu_model import TRUE
+    from tests.devices.test_host_fit import _rows_df
+    from tests.experiments.test_validate_runs import fake_run
+    from npumoe_lab.experiments.validate_runs import validate_runs
+    df = _rows_df(tmp_path, {"bf16": TRUE})
+    df["host_probe_s"] = [0.010 + 1e-4 * (i % 3) for i in range(len(df))]     # median 0.0101
+    res = cpu_fit.fit_host(df)
+    assert res["probe_s"] == pytest.approx(0.0101)
+    path = cpu_fit.write_fit(res, tmp_path / "f", "m")
+    assert cpu_fit.load_host_uncertainty(path)["probe_s"] == pytest.approx(0.0101)
+    runs, _ = fake_run(tmp_path, cpu_fit.load_host_model(path))
+    rows_file = next(runs.glob("rows-*.parquet"))
+    rows = pd.read_parquet(rows_file)
+    rows["host_busy"] = False
+    rows["host_probe_s"] = [0.0102, 0.0102, 0.0125, 0.0125]    # npumoe as fitted; reference 24 % slower
+    rows.to_parquet(rows_file)
+    got = validate_runs(path, runs).set_index("variant")
+    assert got.loc["npumoe", "counted"] and not got.loc["reference", "counted"]
+    assert "host 24% slower than when fitted" in got.loc["reference", "host_busy_reason"]
