@@ -131,7 +131,7 @@ def records(draw):
     return cm.op_record(kind, draw(st.just(0.0) | pos), nbytes, calls, gemm, shape, context=ctx)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(records(), min_size=1, max_size=40), params)
 def test_generated_records_price_as_the_scalar_reference(ops, p):
     want = np.array([ref_price(p, o) for o in ops])
