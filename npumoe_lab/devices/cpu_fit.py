@@ -50,6 +50,7 @@ def host_rows(df, source: str = ""):
 def _covariance(ops, y, res) -> np.ndarray:
     """Covariance of the free log-parameters from J^T J (sigma^2 = residual variance): the Laplace (Gauss-Newton)
     approximation of the fit's posterior, stated so (the Apple fits sample theirs with emcee)."""
+    ops = cpu_model.features(ops)          # once, not per Jacobian column
     p, free = res["params"], res["free"]
     x = np.array([math.log(p[k]) for k in free])
     base = dict(p)
@@ -90,16 +91,16 @@ def cross_validated_sigma(ops, y, groups, res) -> dict:
     fit) and predicts each held-out prefill as the sum of its ops' prices vs the sum of their measured medians.
     sigma_log = RMS of log(predicted / measured) over the held-out prefills (bias included)."""
     groups = np.asarray([g or "" for g in groups], dtype=object)
+    feats = cpu_model.features(ops)        # once: each fold keeps a boolean mask of its rows
     folds = sorted({_chunk_of(g) for g in groups if g})
     errs = []
     for fold in folds:
         held = np.array([bool(g) and _chunk_of(g) == fold for g in groups])
-        train = [o for o, h in zip(ops, held) if not h]
         try:
-            r = cpu_model.fit(train, y[~held], start=res["params"], max_nfev=300)
+            r = cpu_model.fit(feats[~held], y[~held], start=res["params"], max_nfev=300)
         except NpuMoeError:
             continue                                    # too few rows left: this fold says nothing
-        pred = cpu_model.price_many(r["params"], [o for o, h in zip(ops, held) if h])
+        pred = cpu_model.price_many(r["params"], feats[held])
         for g in sorted(set(groups[held])):
             sel = groups[held] == g
             errs.append(float(np.log(pred[sel].sum() / y[held][sel].sum())))
@@ -131,7 +132,7 @@ def fit_host(df, source: str = "", include_busy: bool = False, dtype: str | None
         raise NpuMoeError(f"{source or 'the measurements'}: all {len(usable)} {dtype} fit rows are flagged "
                           "host_busy; measure again on a quiet host")
     recs = quiet.to_dict("records")
-    ops, y = [host_op(r) for r in recs], quiet["measured_s"].to_numpy(float)
+    ops, y = cpu_model.features([host_op(r) for r in recs]), quiet["measured_s"].to_numpy(float)
     res = cpu_model.fit(ops, y)
     cov = _covariance(ops, y, res)
     res["intervals"] = _intervals(res, cov)

@@ -148,53 +148,40 @@ def _gemm_of(op) -> tuple | None:
     return (max(rows, 1e-9), int(hi), 1)
 
 
-def _utilisation(w, rows, p, large=False) -> float:
-    if w <= 0:
-        return 1.0
-    return w / (w + p["work_half_flops"]) * rows / (rows + p["large_rows_half" if large else "rows_half"])
-
-
-def _gemm_memory(flops, nbytes, w, rows, p, rate="peak_flops") -> float:
-    t_gemm = flops / (p[rate] * _utilisation(w, max(rows, 1), p, rate == "large_flops")) if flops else 0.0
-    return max(t_gemm, nbytes / p["bandwidth_bytes_s"])
-
-
 def _context(op, key, default) -> int:
     ctx = op.get("context")
     return default if not ctx or key not in ctx else ctx[key]
 
 
-def price(p: dict, op: dict) -> float:
-    """Modeled seconds of one op record under parameters `p` (a dict over PARAMS)."""
-    kind, calls, gemm = op["kind"], op["calls"], op["gemm"]
-    if kind == "other":
-        if len(op["shape"]) != 4:
-            raise NpuMoeError(f"an 'other' op needs shape (chunk, layers, hidden, vocab), got {op['shape']!r}; "
-                              "re-run with this version (it records the shape)")
-        t, layers, h, v = op["shape"]
-        flops = 2.0 * t * h * v
-        t_head = flops / (p["lm_head_flops"] * _utilisation(flops, t, p)) + v * h * DTYPE_BYTES / p["lm_head_bytes_s"]
-        return (p["other_chunk_s"] + layers * p["other_layer_s"] + _context(op, "chunk_ops", 0) * p["other_op_s"]
-                + t_head + layers * 10 * t * h * DTYPE_BYTES / p["bandwidth_bytes_s"])
-    if kind not in CALL_KINDS:
-        raise NpuMoeError(f"op kind {kind!r} has no price in the CPU model; known: {', '.join(CALL_KINDS)}, other")
-    base = calls * p[f"call_s_{kind}"]
+# Feature extraction: everything a price needs that does not depend on the parameters, read ONCE per op list into
+# numpy arrays (OpFeatures); `_evaluate` then prices every row for a parameter dict. The formulas are in the
+# module docstring; `_engine_op` / `_other_op` give one record's features, `_price_engine` / `_price_other` the
+# vectorised time of all rows. price / price_many / fit all go through them (one implementation).
+RATES = ("peak_flops", "large_flops", "attention_gemm_flops")       # rate_idx 0, 1, 2
+FIELDS = ("kind_idx", "calls", "chains", "group_chains", "gather", "parts", "flops", "bytes", "rows", "rate_idx",
+          "score_flops", "t", "layers", "h", "v", "chunk_ops", "grouped", "small_attention_gemm")
+
+
+def _engine_op(op) -> dict:
+    """Features of an engine op (kind in CALL_KINDS): its calls, GEMM chains, work, rows, rate and context."""
+    kind, calls = op["kind"], op["calls"]
+    f = dict(kind_idx=CALL_KINDS.index(kind), calls=calls)
     calls = max(calls, 1)
     gemm = _gemm_of(op)
     rows = 1 if gemm is None else gemm[0]
-    flops, nbytes, scores, chains, rate = op["flops"], op["bytes"], 0.0, calls, "peak_flops"
+    flops, nbytes, score_flops, chains, rate = op["flops"], op["bytes"], 0.0, calls, 0
     if gemm is not None and gemm[1] * gemm[2] >= LARGE_GEMM_ELEMS:
-        rate = "large_flops"                    # gemm = (rows, N, K): the op's largest GEMM [rows, K] x [K, N]
+        rate = 1                                # gemm = (rows, N, K): the op's largest GEMM [rows, K] x [K, N]
     elif kind == "attention":
-        rate = "attention_gemm_flops"           # T x [H, H] projections: one F.linear each, not an expert chain
+        rate = 2                                # T x [H, H] projections: one F.linear each, not an expert chain
     if kind in ("experts_dynamic", "experts_hf") and op["gemm"] is not None:
         rows = rows / calls                     # one call per expert at its own load (_gemm_of: already per expert)
     elif kind == "expert_group" and len(op["shape"]) == 4:
         chains = calls * op["shape"][0]         # G experts: G GEMM chains per call
-        base += chains * p["call_s_group_expert"]
+        f.update(group_chains=chains, grouped=True)
     elif kind == "scatter":
         static, n_parts = _context(op, "static_rows", 1) > 0, _context(op, "parts", 0)
-        base += static * p["call_s_gather"] + n_parts * p["call_s_scatter_part"]
+        f.update(gather=static, parts=n_parts)
         # each part is one [T, H] add (read two, write one); without static rows a [T, H] zeros replaces the gather
         h = op["shape"][1] if len(op["shape"]) == 2 else 0
         nbytes = (nbytes if static else 0.0) + (3 * n_parts + (not static)) * _context(op, "tokens", 0) * h * DTYPE_BYTES
@@ -202,66 +189,152 @@ def price(p: dict, op: dict) -> float:
         t, past = op["shape"]
         score_flops = 4.0 * t * (past + t) * gemm[1]       # gemm[1] = n_heads * head_dim
         flops = max(flops - score_flops, 0.0)
-        scores = score_flops / p["attention_flops"]
-    return base + _gemm_memory(flops, nbytes, flops / chains, rows, p, rate) + scores
+    small = kind == "attention" and op["gemm"] is not None and op["gemm"][1] * op["gemm"][2] < LARGE_GEMM_ELEMS
+    return {**f, "chains": chains, "flops": flops, "bytes": nbytes, "rows": max(rows, 1), "rate_idx": rate,
+            "score_flops": score_flops, "small_attention_gemm": small}
+
+
+def _other_op(op) -> dict:
+    """Features of the chunk's rest: its shape (chunk t, layers, hidden h, vocab v) and the chunk's op count."""
+    if len(op["shape"]) != 4:
+        raise NpuMoeError(f"an 'other' op needs shape (chunk, layers, hidden, vocab), got {op['shape']!r}; "
+                          "re-run with this version (it records the shape)")
+    t, layers, h, v = op["shape"]
+    return dict(kind_idx=-1, t=t, layers=layers, h=h, v=v, chunk_ops=_context(op, "chunk_ops", 0))
+
+
+class OpFeatures:
+    """The parameter-independent features of a list of op records, one numpy array per FIELDS name (0 where a
+    field does not apply to a row's kind). `feats[mask]` keeps the rows of a boolean mask (CV folds)."""
+
+    def __init__(self, arrays: dict):
+        self.arrays = arrays
+        for k, v in arrays.items():
+            setattr(self, k, v)
+
+    @classmethod
+    def of(cls, ops) -> "OpFeatures":
+        rows = []
+        for op in ops:
+            if op["kind"] == "other":
+                rows.append(_other_op(op))
+            elif op["kind"] in CALL_KINDS:
+                rows.append(_engine_op(op))
+            else:
+                raise NpuMoeError(f"op kind {op['kind']!r} has no price in the CPU model; known: "
+                                  f"{', '.join(CALL_KINDS)}, other")
+        ints, bools = ("kind_idx", "rate_idx"), ("grouped", "small_attention_gemm")
+        return cls({k: np.array([r.get(k, 0) for r in rows], dtype=int if k in ints else bool if k in bools
+                                else float) for k in FIELDS})
+
+    def __len__(self) -> int:
+        return len(self.kind_idx)
+
+    def __getitem__(self, mask) -> "OpFeatures":
+        return OpFeatures({k: v[mask] for k, v in self.arrays.items()})
+
+
+def features(ops) -> OpFeatures:
+    """OpFeatures of `ops` (op records; an OpFeatures is returned as is)."""
+    return ops if isinstance(ops, OpFeatures) else OpFeatures.of(list(ops))
+
+
+def _utilisation(w, rows, p, rows_half):
+    """u = w / (w + work_half_flops) * rows / (rows + rows_half); 1 where there is no work (w <= 0)."""
+    return np.where(w <= 0, 1.0, w / (w + p["work_half_flops"]) * rows / (rows + rows_half))
+
+
+def _price_engine(p: dict, f: OpFeatures) -> np.ndarray:
+    """calls * call_s[kind] (+ the group's chains, a scatter's gather and parts) + max(t_gemm, t_memory) + t_scores."""
+    call_s = np.array([p[f"call_s_{k}"] for k in CALL_KINDS])[np.maximum(f.kind_idx, 0)]
+    base = (f.calls * call_s + f.group_chains * p["call_s_group_expert"]
+            + (f.gather * p["call_s_gather"] + f.parts * p["call_s_scatter_part"]))
+    rate = np.array([p[r] for r in RATES])[f.rate_idx]
+    u = _utilisation(f.flops / f.chains, f.rows, p, np.where(f.rate_idx == 1, p["large_rows_half"], p["rows_half"]))
+    t_gemm = np.where(f.flops != 0, f.flops / (rate * u), 0.0)
+    return base + np.maximum(t_gemm, f.bytes / p["bandwidth_bytes_s"]) + f.score_flops / p["attention_flops"]
+
+
+def _price_other(p: dict, f: OpFeatures) -> np.ndarray:
+    """The chunk's rest: floors per chunk, layer and op + the LM head's compute AND weight pass + the norms' traffic."""
+    flops = 2.0 * f.t * f.h * f.v
+    t_head = flops / (p["lm_head_flops"] * _utilisation(flops, f.t, p, p["rows_half"])) \
+        + f.v * f.h * DTYPE_BYTES / p["lm_head_bytes_s"]
+    return (p["other_chunk_s"] + f.layers * p["other_layer_s"] + f.chunk_ops * p["other_op_s"]
+            + t_head + f.layers * 10 * f.t * f.h * DTYPE_BYTES / p["bandwidth_bytes_s"])
+
+
+def _evaluate(p: dict, f: OpFeatures) -> np.ndarray:
+    other = f.kind_idx < 0
+    with np.errstate(divide="ignore", invalid="ignore"):     # the other kind's formula on each row is discarded
+        return np.where(other, _price_other(p, f), _price_engine(p, f))
+
+
+def price(p: dict, op: dict) -> float:
+    """Modeled seconds of one op record under parameters `p` (a dict over PARAMS)."""
+    return float(_evaluate(p, OpFeatures.of([op]))[0])
 
 
 def price_many(p: dict, ops) -> np.ndarray:
-    return np.array([price(p, o) for o in ops], dtype=float)
+    """Modeled seconds of every op record (or of an OpFeatures: features extracted once, e.g. by a fit)."""
+    return _evaluate(p, features(ops)).astype(float)
 
 
 def fit(ops, measured_s, start: dict | None = None, fixed: dict | None = None, max_nfev: int = 4000) -> dict:
-    """Least squares on log time: the parameters (all of PARAMS not in `fixed`) that best price `ops` at
-    `measured_s`. Returns {"params", "free", "rms_log", "n_rows", "median_abs_err", "worst_abs_err"}.
-    Parameters no row informs stay at their start value (their gradient is zero) and are reported as such."""
+    """Least squares on log time: the parameters (all of PARAMS not in `fixed`) that best price `ops` (records or
+    their OpFeatures) at `measured_s`. Returns {"params", "free", "rms_log", "n_rows", "median_abs_err",
+    "worst_abs_err"}. Parameters no row informs stay at their start value (their gradient is zero) and are
+    reported as such."""
     from scipy.optimize import least_squares
-    ops, y = list(ops), np.asarray(measured_s, dtype=float)
-    if len(ops) != len(y) or not np.all(np.isfinite(y)) or np.any(y <= 0):
+    feats, y = features(ops), np.asarray(measured_s, dtype=float)
+    if len(feats) != len(y) or not np.all(np.isfinite(y)) or np.any(y <= 0):
         raise NpuMoeError("fit needs one positive finite measured time per op")
     fixed = dict(fixed or {})
     start = {**START, **(start or {})}
-    free = [k for k in PARAMS if k not in fixed and _informed(k, ops)]
-    if len(ops) < len(free):
-        raise NpuMoeError(f"a fit of {len(free)} free parameters needs at least as many rows; got {len(ops)}")
+    free = [k for k in PARAMS if k not in fixed and _informed(k, feats)]
+    if len(feats) < len(free):
+        raise NpuMoeError(f"a fit of {len(free)} free parameters needs at least as many rows; got {len(feats)}")
     base = {**start, **fixed}
+    log_y = np.log(y)
 
     def params(x):
         return {**base, **{k: math.exp(v) for k, v in zip(free, x)}}
 
     def resid(x):
-        return np.log(price_many(params(x), ops)) - np.log(y)
+        return np.log(_evaluate(params(x), feats)) - log_y
     x0 = np.array([math.log(base[k]) for k in free])
     sol = least_squares(resid, x0, method="trf", x_scale=1.0, max_nfev=max_nfev)
     p = params(sol.x)
-    err = np.abs(price_many(p, ops) / y - 1)
-    return {"params": p, "free": free, "rms_log": float(np.sqrt(np.mean(sol.fun ** 2))), "n_rows": len(ops),
+    err = np.abs(_evaluate(p, feats) / y - 1)
+    return {"params": p, "free": free, "rms_log": float(np.sqrt(np.mean(sol.fun ** 2))), "n_rows": len(feats),
             "median_abs_err": float(np.median(err)), "worst_abs_err": float(np.max(err))}
 
 
 def _informed(name: str, ops) -> bool:
-    """Whether any op's price depends on parameter `name` (the others cannot be fitted)."""
-    kinds = {o["kind"] for o in ops}
+    """Whether any op's price depends on parameter `name` (the others cannot be fitted); `ops`: records or
+    their OpFeatures."""
+    f = features(ops)
+    kinds = set(f.kind_idx.tolist())
     if name.startswith("call_s_") and name[len("call_s_"):] in CALL_KINDS:
-        return name[len("call_s_"):] in kinds
+        return CALL_KINDS.index(name[len("call_s_"):]) in kinds
     if name == "call_s_group_expert":
-        return any(o["kind"] == "expert_group" and len(o["shape"]) == 4 for o in ops)
+        return bool(f.grouped.any())
     if name == "call_s_gather":
-        return any(o["kind"] == "scatter" and _context(o, "static_rows", 1) > 0 for o in ops)
+        return bool((f.gather > 0).any())
     if name == "call_s_scatter_part":
-        return any(o["kind"] == "scatter" and _context(o, "parts", 0) > 0 for o in ops)
+        return bool((f.parts > 0).any())
     if name == "other_op_s":
-        return any(o["kind"] == "other" and _context(o, "chunk_ops", 0) > 0 for o in ops)
+        return bool(((f.kind_idx < 0) & (f.chunk_ops > 0)).any())
     if name in ("other_chunk_s", "other_layer_s", "lm_head_flops", "lm_head_bytes_s"):
-        return "other" in kinds
+        return -1 in kinds
     if name in ("large_flops", "large_rows_half"):
-        return any(o["kind"] != "other" and (g := _gemm_of(o)) is not None and g[1] * g[2] >= LARGE_GEMM_ELEMS
-                   for o in ops)
+        return bool(((f.kind_idx >= 0) & (f.rate_idx == 1)).any())
     if name == "attention_flops":
-        return "attention" in kinds
+        return CALL_KINDS.index("attention") in kinds
     if name == "attention_gemm_flops":
-        return any(o["kind"] == "attention" and o["gemm"] is not None and o["gemm"][1] * o["gemm"][2] < LARGE_GEMM_ELEMS
-                   for o in ops)
+        return bool(f.small_attention_gemm.any())
     return True
 
 
-__all__ = ["PARAMS", "CALL_KINDS", "START", "op_record", "from_op", "annotate", "price", "price_many", "fit"]
+__all__ = ["PARAMS", "CALL_KINDS", "START", "op_record", "from_op", "annotate", "price", "price_many", "fit",
+           "OpFeatures", "features"]
