@@ -45,6 +45,10 @@ COLUMNS = ("id", "file", "chip", "device", "path", "kind", "role", "confidence",
            "work", "source_ref", "source_read", "covers", "note", "host_busy", "host_probe_s")
 
 
+# libyaml's C loader where PyYAML has it (the same documents, ~10x faster on measure's 10k-row files), else Python's
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def known_chip(chip) -> bool:
     return isinstance(chip, str) and (chip in CHIPS or bool(HOST_CHIP.match(chip)))
 
@@ -191,7 +195,7 @@ def _files(path_or_dir) -> list[Path]:
 
 def _read_file(path: Path) -> list[dict]:
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml.load(path.read_text(), Loader=_LOADER)
     except yaml.YAMLError as exc:
         raise NpuMoeError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list) or not doc["rows"]:
