@@ -173,12 +173,16 @@ def check_row(row: dict, where: str) -> dict:
                                                                            for k in src)):
         raise NpuMoeError(f"{where}: source must be {{ref: repository/path or URL, read: what was read there}}")
     _check_work(row["work"], row["kind"], where)
+    probe = row.get("host_probe_s")
+    if probe is not None and not (_positive(probe) or (isinstance(probe, float) and math.isnan(probe))):
+        raise NpuMoeError(f"{where}: host_probe_s must be the host speed probe's seconds (a positive number)")
     return {"id": row["id"], "chip": row["chip"], "device": row["device"], "path": row["path"], "kind": row["kind"],
             "role": row["role"], "confidence": row["confidence"], "measured_s": float(ms) if ms is not None else None,
             "power_w": None if pw is None else float(pw),
             "energy_j": None if row.get("energy_j") is None else float(row["energy_j"]), "work": row["work"],
             "source_ref": src["ref"], "source_read": src["read"], "covers": row.get("covers", ""),
-            "note": row.get("note", ""), "host_busy": bool(row.get("host_busy", False))}
+            "note": row.get("note", ""), "host_busy": bool(row.get("host_busy", False)),
+            "host_probe_s": None if probe is None else float(probe)}
 
 
 def _files(path_or_dir) -> list[Path]:

@@ -55,3 +55,23 @@ def test_a_run_at_another_host_speed_than_the_fit_is_not_counted(tmp_path):
     got = validate_runs(path, runs).set_index("variant")
     assert got.loc["npumoe", "counted"] and not got.loc["reference", "counted"]
     assert "host 24% slower than when fitted" in got.loc["reference", "host_busy_reason"]
+
+
+def test_the_probe_survives_a_measurements_file_into_the_fit(tmp_path):
+    import yaml
+    from tests.devices.test_cpu_model import TRUE, synthetic_ops
+    from tests.experiments.test_validate_runs import host_rows
+    from npumoe_lab.devices.measurements import load_measurements
+    rows = host_rows(synthetic_ops())
+    for i, r in enumerate(rows):
+        r["id"] = f"tiny-bf16-L1-static-c64-p512-k0-l0-{r['id']}"
+        r["host_probe_s"] = 0.020 if i % 2 else 0.022
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "measurements.yaml").write_text(yaml.safe_dump({"description": "a test", "rows": rows}))
+    df = load_measurements(tmp_path / "m")
+    assert df["host_probe_s"].tolist() == [r["host_probe_s"] for r in rows]
+    assert cpu_fit.fit_host(df, cv=False)["probe_s"] == pytest.approx(0.021 if len(rows) % 2 == 0 else 0.022)
+    rows[0]["host_probe_s"] = -1.0
+    (tmp_path / "m" / "measurements.yaml").write_text(yaml.safe_dump({"description": "a test", "rows": rows}))
+    with pytest.raises(Exception, match="host_probe_s"):
+        load_measurements(tmp_path / "m")
