@@ -73,6 +73,21 @@ def _layers_of(per_layer: dict | None, specs):
     return None if per_layer is None else [per_layer[s.layer] for s in specs]
 
 
+def _packed(kept: tuple) -> tuple:
+    """A prompt's kept draws (generator, document, chunks, counts) for the draw cache, expert ids in the smallest
+    unsigned type that holds them (a third of the int64 bytes to write and read; _unpacked restores int64)."""
+    g, doc, out, per_chunk = kept
+    small = lambda idx: idx.astype(np.min_scalar_type(int(idx.max()))) if idx.size and idx.min() >= 0 else idx  # noqa: E731
+    return g, doc, [{layer: (small(i), w, n) for layer, (i, w, n) in c.items()} for c in out], per_chunk
+
+
+def _unpacked(kept: tuple | None) -> tuple | None:
+    if kept is None:
+        return None
+    g, doc, out, per_chunk = kept
+    return g, doc, [{layer: (i.astype(np.int64), w, n) for layer, (i, w, n) in c.items()} for c in out], per_chunk
+
+
 def sample_routing_np(shares, T: int, K: int, rng: np.random.Generator, perm=None):
     """(top_k_index [T, K] int64, top_k_weights [T, K] float32) as NumPy arrays: K distinct experts per token drawn
     ~ shares (Gumbel top-k = sampling without replacement in proportion to the shares), weights = softmax over the
@@ -171,7 +186,7 @@ class PopularityRouting:
             if len(self._sampled) >= 4:          # the last few draws (one per chunk size of a grid), bounded
                 self._sampled.pop(next(iter(self._sampled)))
             # the generator's state is kept with the chunks: a longer prompt continues the same stream
-            kept = draw_cache.load(disk)
+            kept = _unpacked(draw_cache.load(disk))
             if kept is None:
                 g = np.random.default_rng(seed + 1)
                 doc = {s.layer: dirichlet(self.run[s.layer], self.doc_concentration, g) for s in specs}  # one doc
@@ -195,7 +210,7 @@ class PopularityRouting:
             out.append(per_layer)
             per_chunk.append(counts)
         if len(out) > drawn:
-            draw_cache.store(disk, kept)
+            draw_cache.store(disk, _packed(kept))
         self._gini = {s.layer: gini(np.sum([cc[s.layer] for cc in per_chunk[:n]], axis=0, dtype=float))
                       for s in specs}
         return out[:n]
