@@ -19,6 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from npumoe_lab.results.atomic import atomic_open
+from npumoe_lab.utils import cache_dir
+
 OFF_VALUES = ("off", "0", "no", "false")
 SAMPLER_MODULES = ("routing.py", "topk.py", "textlike.py")
 
@@ -29,7 +32,6 @@ def enabled() -> bool:
 
 
 def folder() -> Path:
-    from npumoe_lab.utils import cache_dir
     return cache_dir() / "draws"
 
 
@@ -86,7 +88,6 @@ def store(name: str, value) -> None:
     """Keep `value` under `name` (atomic; a full or read-only disk only costs the next run its draw)."""
     if not enabled():
         return
-    from npumoe_lab.results.atomic import atomic_open
     try:
         with atomic_open(folder() / f"{name}.pkl", "wb") as fh:
             pickle.dump(value, fh, protocol=pickle.HIGHEST_PROTOCOL)

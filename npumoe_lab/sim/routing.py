@@ -77,8 +77,11 @@ def _packed(kept: tuple) -> tuple:
     """A prompt's kept draws (generator, document, chunks, counts) for the draw cache, expert ids in the smallest
     unsigned type that holds them (a third of the int64 bytes to write and read; _unpacked restores int64)."""
     g, doc, out, per_chunk = kept
-    small = lambda idx: idx.astype(np.min_scalar_type(int(idx.max()))) if idx.size and idx.min() >= 0 else idx  # noqa: E731
-    return g, doc, [{layer: (small(i), w, n) for layer, (i, w, n) in c.items()} for c in out], per_chunk
+    return g, doc, [{layer: (_small(i), w, n) for layer, (i, w, n) in c.items()} for c in out], per_chunk
+
+
+def _small(idx: np.ndarray) -> np.ndarray:
+    return idx.astype(np.min_scalar_type(int(idx.max()))) if idx.size and idx.min() >= 0 else idx
 
 
 def _unpacked(kept: tuple | None) -> tuple | None:
@@ -243,7 +246,6 @@ class PopularityRouting:
         profile._matrices.update(matrices)     # the [E, chunks] matrices planning reads, without re-pivoting
         self._profiles[(chunk, seed)] = profile
         return profile
-
 
     def _calibration_matrices(self, specs, chunk: int, seed: int, n_chunks: int) -> dict:
         """{layer: [E, n_chunks] int64}: the calibration counts per chunk, sampled from the calibration popularity."""
