@@ -8,9 +8,11 @@ per-op reference path instead. `--platforms` replaces the grid's two platforms (
 e.g. the fitted graph-level ones: --platforms data/fits/m2-max-fit.yaml,data/fits/m2-ultra-fit.yaml. Beside the
 in-process grid, the same grid through the command line (`python -m npumoe_lab simulate <GRID's flags> --out DIR`,
 with --draws 0 and the CLI's default 200) as a subprocess, `--cli-repeats` times each (median; wall and the child's
-CPU time, imports and writing included; 0: skip). Then the 12,800-plan sweep (`python -m npumoe_lab sweep
-sweeps/simulate_10k.yaml --workers 2 --out DIR`, a fresh folder: every cell runs) the same way, wall and CPU
-(target <= 60 s; `--no-sweep`: skip it, ~3-7 min on 2 cores)."""
+CPU time, imports and writing included; 0: skip). Each command line runs with its routing draws' cache
+(sim/draw_cache.py) cold (an empty cache: every draw sampled and written) and warm (a cache filled by an untimed
+run: the draws read back), both printed; the in-process grid samples every draw. Then the 12,800-plan sweep
+(`python -m npumoe_lab sweep sweeps/simulate_10k.yaml --workers 2 --out DIR`, a fresh folder: every cell runs) the
+same way, cold then warm, wall and CPU (target <= 60 s; `--no-sweep`: skip it, ~2 x 3-7 min on 2 cores)."""
 from __future__ import annotations
 
 import argparse
@@ -57,37 +59,49 @@ def cli_args(routing: str, draws: int, out, platforms: str = GRID["platforms"], 
     return [sys.executable, "-m", "npumoe_lab", "simulate"] + [x for kv in flags.items() for x in kv]
 
 
+def _cache_env(folder) -> dict:
+    """The environment of a child run: this checkout first on the path, the draw cache in `folder`."""
+    return {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "NPUMOE_NO_PROGRESS": "1", "NPUMOE_CACHE_DIR": str(folder)}
+
+
 def timed_cli(routing: str, draws: int, repeats: int, platforms: str = GRID["platforms"],
-              workers: int | None = None):
+              workers: int | None = None, cache: str = "cold"):
     """(median wall s, median child CPU s (user + sys), walls): the grid's simulate command run `repeats` times,
-    each in a fresh process (imports, simulation, printing and writing the rows all counted)."""
+    each in a fresh process (imports, simulation, printing and writing the rows all counted). `cache` "cold": each
+    run with an empty draw cache (sim/draw_cache.py: every routing draw sampled, then written); "warm": all runs on
+    one cache filled by an untimed run first (the draws read back)."""
     walls, cpus = [], []
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    for _ in range(repeats):
-        with tempfile.TemporaryDirectory() as out:
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            t0 = time.perf_counter()
-            done = subprocess.run(cli_args(routing, draws, Path(out) / "rows", platforms, workers), cwd=ROOT,
-                                  env=env,
-                                  capture_output=True, text=True)
-            walls.append(time.perf_counter() - t0)
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        if done.returncode != 0:
-            raise SystemExit(f"the simulate command failed (exit {done.returncode}): {done.stderr.strip()[-500:]}")
-        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    with tempfile.TemporaryDirectory() as kept:
+        if cache == "warm":
+            with tempfile.TemporaryDirectory() as out:
+                subprocess.run(cli_args(routing, draws, Path(out) / "rows", platforms, workers), cwd=ROOT,
+                               env=_cache_env(kept), capture_output=True, text=True, check=True)
+        for _ in range(repeats):
+            with tempfile.TemporaryDirectory() as out, tempfile.TemporaryDirectory() as empty:
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                t0 = time.perf_counter()
+                done = subprocess.run(cli_args(routing, draws, Path(out) / "rows", platforms, workers), cwd=ROOT,
+                                      env=_cache_env(kept if cache == "warm" else empty),
+                                      capture_output=True, text=True)
+                walls.append(time.perf_counter() - t0)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if done.returncode != 0:
+                raise SystemExit(f"the simulate command failed (exit {done.returncode}): "
+                                 f"{done.stderr.strip()[-500:]}")
+            cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     return statistics.median(walls), statistics.median(cpus), walls
 
 
-def timed_sweep(spec: str, workers: int):
+def timed_sweep(spec: str, workers: int, cache_dir):
     """(wall s, child CPU s, cells): the sweep command run once into a fresh folder (every cell computed and
-    written; imports, the pool's start-up and the rows' files included)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "NPUMOE_NO_PROGRESS": "1"}
+    written; imports, the pool's start-up and the rows' files included), its draw cache in `cache_dir` (empty:
+    cold; filled by an earlier sweep: warm)."""
     with tempfile.TemporaryDirectory() as out:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "npumoe_lab", "sweep", spec, "--out", out, "--workers",
-                               str(workers)], cwd=ROOT, env=env, capture_output=True, text=True)
+                               str(workers)], cwd=ROOT, env=_cache_env(cache_dir), capture_output=True, text=True)
         wall = time.perf_counter() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cells = len(list(Path(out).glob("cells/*/DONE.json")))
@@ -107,6 +121,7 @@ def cold() -> None:
     for cache in (_cached_source, _dropless, _ffn_seconds, makespan._group_call_s, stream._layer_rows,
                   stream._pack_row):
         cache.cache_clear()
+    os.environ["NPUMOE_DRAW_CACHE"] = "off"      # the in-process grid samples every routing draw (cold)
     for kept in (layout._LAYOUTS, layout._GROUPS, plan._CHECKED, makespan._RATES, array_replay._POINT):
         kept.clear()
 
@@ -167,21 +182,24 @@ def main(argv=None) -> int:
         print(f"paper grid with {a.draws} parameter draws (90 % intervals, {dd.interval_source.iloc[0]}): "
               f"{len(dd)} rows in {wall_d:.1f} s wall, {cpu_d:.1f} s process CPU; target <= 60 s")
     for draws in ((0, 200) if a.cli_repeats > 0 else ()):
-        for workers in (None, 1):          # the CLI's default (the cores) beside one process
+        for workers, cache in ((None, "cold"), (None, "warm"), (1, "cold"), (1, "warm")):
             load1 = os.getloadavg()[0]
-            wall_c, cpu_c, walls_c = timed_cli(a.routing, draws, a.cli_repeats, a.platforms, workers)
+            wall_c, cpu_c, walls_c = timed_cli(a.routing, draws, a.cli_repeats, a.platforms, workers, cache)
             how = "--workers 1" if workers else "default workers (the cores)"
             print(f"paper grid through the command line (python -m npumoe_lab simulate <grid flags> --draws {draws} "
-                  f"--out DIR, {how}; imports, printing and writing included): {wall_c:.1f} s wall, {cpu_c:.1f} s "
-                  f"CPU (median of {a.cli_repeats}: {', '.join(f'{t:.1f}' for t in walls_c)} s wall); load average "
-                  f"{load1:.1f} -> {os.getloadavg()[0]:.1f}; target <= {5 if draws == 0 else 60} s")
+                  f"--out DIR, {how}; imports, printing and writing included; draw cache {cache}): {wall_c:.1f} s "
+                  f"wall, {cpu_c:.1f} s CPU (median of {a.cli_repeats}: {', '.join(f'{t:.1f}' for t in walls_c)} s "
+                  f"wall); load average {load1:.1f} -> {os.getloadavg()[0]:.1f}; target <= "
+                  f"{5 if draws == 0 else 60} s")
     if a.sweep:
-        load1 = os.getloadavg()[0]
-        wall_s, cpu_s, cells = timed_sweep("sweeps/simulate_10k.yaml", a.sweep_workers)
-        print(f"10k sweep through the command line (python -m npumoe_lab sweep sweeps/simulate_10k.yaml --workers "
-              f"{a.sweep_workers} --out DIR, a fresh folder; {cells} cells x 16 plans, 8 decode steps each): "
-              f"{wall_s:.1f} s wall, {cpu_s:.1f} s CPU; load average {load1:.1f} -> {os.getloadavg()[0]:.1f}; "
-              f"target <= 60 s")
+        with tempfile.TemporaryDirectory() as kept:
+            for cache in ("cold", "warm"):        # the same draw cache: empty first, then as the first sweep left it
+                load1 = os.getloadavg()[0]
+                wall_s, cpu_s, cells = timed_sweep("sweeps/simulate_10k.yaml", a.sweep_workers, kept)
+                print(f"10k sweep through the command line (python -m npumoe_lab sweep sweeps/simulate_10k.yaml "
+                      f"--workers {a.sweep_workers} --out DIR, a fresh folder; {cells} cells x 16 plans, 8 decode "
+                      f"steps each; draw cache {cache}): {wall_s:.1f} s wall, {cpu_s:.1f} s CPU; load average "
+                      f"{load1:.1f} -> {os.getloadavg()[0]:.1f}; target <= 60 s")
     if a.tables:
         print(paper_scale_markdown(df))
     return 0

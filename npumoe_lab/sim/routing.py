@@ -36,6 +36,7 @@ import pandas as pd
 
 from npumoe_lab.planning.profile import CalibrationProfile
 from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.sim import draw_cache
 from npumoe_lab.sim.topk import smallest_k
 from npumoe_lab.sim.textlike import (WORKLOAD_NAMES, check_concentration, dirichlet, load_defaults, mix_names,
                                      tv_overlap)
@@ -60,6 +61,34 @@ def stretch(shares, n: int) -> np.ndarray:
     x = (np.arange(len(s)) + 0.5) / len(s)
     out = np.interp((np.arange(n) + 0.5) / n, x, s)
     return out / out.sum()
+
+
+def _spec_key(specs) -> tuple:
+    """What the sampler reads of the layer specs (the draw cache's key)."""
+    return tuple((s.layer, s.n_experts, s.top_k) for s in specs)
+
+
+def _layers_of(per_layer: dict | None, specs):
+    """The specs' layers of a per-layer dict (None stays None): the arrays a draw reads."""
+    return None if per_layer is None else [per_layer[s.layer] for s in specs]
+
+
+def _packed(kept: tuple) -> tuple:
+    """A prompt's kept draws (generator, document, chunks, counts) for the draw cache, expert ids in the smallest
+    unsigned type that holds them (a third of the int64 bytes to write and read; _unpacked restores int64)."""
+    g, doc, out, per_chunk = kept
+    return g, doc, [{layer: (_small(i), w, n) for layer, (i, w, n) in c.items()} for c in out], per_chunk
+
+
+def _small(idx: np.ndarray) -> np.ndarray:
+    return idx.astype(np.min_scalar_type(int(idx.max()))) if idx.size and idx.min() >= 0 else idx
+
+
+def _unpacked(kept: tuple | None) -> tuple | None:
+    if kept is None:
+        return None
+    g, doc, out, per_chunk = kept
+    return g, doc, [{layer: (i.astype(np.int64), w, n) for layer, (i, w, n) in c.items()} for c in out], per_chunk
 
 
 def sample_routing_np(shares, T: int, K: int, rng: np.random.Generator, perm=None):
@@ -154,14 +183,21 @@ class PopularityRouting:
         prompt lengths samples the longest once; tests/sim/test_simulate.py holds it equal to a fresh draw)."""
         key = (tuple(s.layer for s in specs), chunk, seed)
         kept = self._sampled.get(key)
+        disk = draw_cache.key("chunks", _spec_key(specs), chunk, seed, self.concentration, self.doc_concentration,
+                              _layers_of(self.run, specs), _layers_of(self.run_records, specs))
         if kept is None:
             if len(self._sampled) >= 4:          # the last few draws (one per chunk size of a grid), bounded
                 self._sampled.pop(next(iter(self._sampled)))
-            g = np.random.default_rng(seed + 1)
-            doc = {s.layer: dirichlet(self.run[s.layer], self.doc_concentration, g) for s in specs}  # one document
-            kept = self._sampled[key] = (g, doc, [], [])
+            # the generator's state is kept with the chunks: a longer prompt continues the same stream
+            kept = _unpacked(draw_cache.load(disk))
+            if kept is None:
+                g = np.random.default_rng(seed + 1)
+                doc = {s.layer: dirichlet(self.run[s.layer], self.doc_concentration, g) for s in specs}  # one doc
+                kept = (g, doc, [], [])
+            self._sampled[key] = kept
         g, doc, out, per_chunk = kept
         n = math.ceil(prompt_len / chunk)
+        drawn = len(out)
         norms = np.ones(chunk, dtype=np.float32)
         for c in range(len(out), n):
             per_layer, counts = {}, {}
@@ -176,6 +212,8 @@ class PopularityRouting:
                 counts[s.layer] = np.bincount(idx.reshape(-1), minlength=s.n_experts)
             out.append(per_layer)
             per_chunk.append(counts)
+        if len(out) > drawn:
+            draw_cache.store(disk, _packed(kept))
         self._gini = {s.layer: gini(np.sum([cc[s.layer] for cc in per_chunk[:n]], axis=0, dtype=float))
                       for s in specs}
         return out[:n]
@@ -187,9 +225,32 @@ class PopularityRouting:
             return self.profile
         if (chunk, seed) in self._profiles:
             return self._profiles[(chunk, seed)]
-        g = np.random.default_rng(seed)
-        rows, matrices = [], {}
         n_chunks = max(MIN_CALIBRATION_CHUNKS, CALIBRATION_TOKENS // chunk)
+        matrices = draw_cache.cached(
+            draw_cache.key("calibration", _spec_key(specs), chunk, seed, n_chunks, self.concentration,
+                           self.doc_concentration, _layers_of(self.calibration, specs),
+                           _layers_of(self.calib_sources, specs), _layers_of(self.calib_records, specs)),
+            lambda: self._calibration_matrices(specs, chunk, seed, n_chunks))
+        rows = [(np.full(m.size, s.layer, dtype=np.int64), np.repeat(np.arange(s.n_experts), m.shape[1]),
+                 np.tile(np.arange(m.shape[1]), s.n_experts), m.reshape(-1))
+                for s, m in ((s, matrices[s.layer]) for s in specs)]
+        # one frame from the layers' columns (a frame per layer and a concat cost ~0.4 s of a paper grid)
+        counts = pd.DataFrame({name: np.concatenate([r[i] for r in rows])
+                               for i, name in enumerate(("layer", "expert", "chunk_id", "count"))})
+        stats = counts.groupby(["layer", "expert"], as_index=False)["count"].sum()
+        stats = stats.assign(weight_sum=0.0, weight_sq_sum=0.0, norm_sum=0.0)
+        meta = {"model_fingerprint": "simulated", "model": "simulated", "workload": self.label, "chunk": chunk,
+                "n_tokens": chunk * n_chunks, "n_chunks": n_chunks, "seed": seed,
+                "layers": [dict(vars(s)) for s in specs], "created": "simulated"}
+        profile = CalibrationProfile(counts, stats, meta, None)
+        profile._matrices.update(matrices)     # the [E, chunks] matrices planning reads, without re-pivoting
+        self._profiles[(chunk, seed)] = profile
+        return profile
+
+    def _calibration_matrices(self, specs, chunk: int, seed: int, n_chunks: int) -> dict:
+        """{layer: [E, n_chunks] int64}: the calibration counts per chunk, sampled from the calibration popularity."""
+        g = np.random.default_rng(seed)
+        matrices = {}
         varied = self.concentration is not None or self.doc_concentration is not None or \
             self.calib_sources is not None or self.calib_records is not None
         for s in specs:
@@ -211,20 +272,7 @@ class PopularityRouting:
                 idx = sample_routing_np(shares, chunk, s.top_k, g)[0]
                 m[:, j] = np.bincount(idx.reshape(-1), minlength=s.n_experts)
             matrices[s.layer] = m
-            rows.append((np.full(m.size, s.layer, dtype=np.int64), np.repeat(np.arange(s.n_experts), m.shape[1]),
-                         np.tile(np.arange(m.shape[1]), s.n_experts), m.reshape(-1)))
-        # one frame from the layers' columns (a frame per layer and a concat cost ~0.4 s of a paper grid)
-        counts = pd.DataFrame({name: np.concatenate([r[i] for r in rows])
-                               for i, name in enumerate(("layer", "expert", "chunk_id", "count"))})
-        stats = counts.groupby(["layer", "expert"], as_index=False)["count"].sum()
-        stats = stats.assign(weight_sum=0.0, weight_sq_sum=0.0, norm_sum=0.0)
-        meta = {"model_fingerprint": "simulated", "model": "simulated", "workload": self.label, "chunk": chunk,
-                "n_tokens": chunk * n_chunks, "n_chunks": n_chunks, "seed": seed,
-                "layers": [dict(vars(s)) for s in specs], "created": "simulated"}
-        profile = CalibrationProfile(counts, stats, meta, None)
-        profile._matrices.update(matrices)     # the [E, chunks] matrices planning reads, without re-pivoting
-        self._profiles[(chunk, seed)] = profile
-        return profile
+        return matrices
 
 
 @dataclass
@@ -349,11 +397,15 @@ def synthetic(specs, gini: float | None = None, zipf: float | None = None, layer
         mixes = (mix_names(calibration or "mixed", "calibration"), mix_names(workload or "mixed", "workload"))
     rng = np.random.default_rng(seed)
     E, K = specs[0].n_experts, specs[0].top_k
-    s = zipf if zipf is not None else zipf_for_gini(E, K, gini, seed)
+    s = zipf if zipf is not None else draw_cache.cached(draw_cache.key("zipf", E, K, float(gini), seed),
+                                                        lambda: zipf_for_gini(E, K, gini, seed))
     base = zipf_shares(E, s)
     solved = ""
     if workload_overlap is None:
-        workload_overlap = overlap_for_tv(base, len(mixes[0]) if mixes else 1, workload_tv_overlap, seed)
+        n_mix = len(mixes[0]) if mixes else 1
+        workload_overlap = draw_cache.cached(
+            draw_cache.key("overlap", base, n_mix, float(workload_tv_overlap), seed),
+            lambda: overlap_for_tv(base, n_mix, workload_tv_overlap, seed))
         solved = f" (solved for the measured 1-TV {workload_tv_overlap:.3f})"
     calib, run, sources, perm = {}, {}, {}, rng.permutation(E)
     for sp in specs:
