@@ -21,6 +21,7 @@ import warnings
 
 import numpy as np
 
+from npumoe_lab.devices.hostspeed import probe_s
 from npumoe_lab.errors import NpuMoeWarning
 
 # Limits of a quiet host. Others' CPU: more than a quarter of a core on average during the measured calls is
@@ -60,7 +61,6 @@ class HostLoad:
 
     def probe(self) -> float:
         """Time the host speed probe (hostspeed.py) now, between measured blocks, and keep it."""
-        from npumoe_lab.devices.hostspeed import probe_s
         self.probes.append(probe_s())
         return self.probes[-1]
 
