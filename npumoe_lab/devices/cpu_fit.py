@@ -186,7 +186,7 @@ def _fit_summary(res: dict, measurements: str, stamp: str) -> dict:
             "free_parameters": list(res["free"]),
             "fit_median_abs_err": res["median_abs_err"], "fit_worst_abs_err": res["worst_abs_err"],
             "rms_log": res["rms_log"], "torch_threads": res.get("threads"),
-            # median host speed probe over the rows used: a run at another speed is not counted (hostspeed.py)
+            # median host speed probe over the rows used: shown beside each run's (a reading, not a rule: hostspeed.py)
             "probe_s": res.get("probe_s"),
             # the predictive uncertainty of a whole prefill (validate-device --runs): posterior x CV noise
             "posterior_cov_log": [[float(v) for v in row] for row in np.asarray(res["cov_log"])],

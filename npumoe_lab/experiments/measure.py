@@ -30,7 +30,6 @@ from npumoe_lab.devices import get_platform
 from npumoe_lab.devices.cost import expert_ffn_cost
 from npumoe_lab.devices.cpu_model import annotate, from_op
 from npumoe_lab.devices.hostload import HostLoad
-from npumoe_lab.devices.hostspeed import speed_note
 from npumoe_lab.devices.hostprofile import host_chip as _host_chip
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.experts import attach, detach
@@ -272,22 +271,6 @@ def measure_device(device: str = "cpu", geometries=GEOMETRIES, repeats: int = 5,
                 rows += group_rows(model, geom, item, spec["group_sizes"], repeats, device, npu_backend,
                                    dtype_name(dtype))
         del models
-    return flag_host_speed(rows)
-
-
-def flag_host_speed(rows: list[dict]) -> list[dict]:
-    """Rows whose host speed probe differs from the measurement's median probe by more than PROBE_LIMIT flagged
-    host_busy (the host changed speed while they were taken: hostspeed.py), in place; returns the rows."""
-    probes = [r["host_probe_s"] for r in rows if np.isfinite(r.get("host_probe_s", np.nan))]
-    if not probes:
-        return rows
-    ref = float(np.median(probes))
-    for r in rows:
-        note = speed_note(r.get("host_probe_s", np.nan), ref, against="the measurement's median")
-        if note:
-            r["host_busy"] = True
-            r["confidence"] = "L"
-            r["host_busy_reason"] = "; ".join(x for x in (r.get("host_busy_reason"), note) if x)
     return rows
 
 
