@@ -124,7 +124,8 @@ def validate_runs(platform_path, runs_dir) -> pd.DataFrame:
                             if "workload" in g else "", measured_ttft_s=measured, modeled_ttft_s=pred,
                             modeled_ttft_lo_s=lo, modeled_ttft_hi_s=hi, covered=bool(lo <= measured <= hi),
                             ratio=pred / measured, abs_err=abs(pred / measured - 1), host_busy=busy,
-                            host_busy_reason=why, host_probe_s=probe, host_speed_note=speed,
+                            host_busy_reason=why, host_probe_s=probe,
+                            fit_probe_s=(unc or {}).get("probe_s") or float("nan"), host_speed_note=speed,
                             counted=not busy and not other_threads, n_samples=len(per_sample),
                             run_dir=str(d)))
     if not out:
@@ -152,16 +153,14 @@ def acceptance(s: dict) -> bool:
 
 
 def _probe_cell(r) -> str:
-    """The run's speed probe, and how far it is from the fit rows' where that is over PROBE_LIMIT (a reading)."""
-    probe = getattr(r, "host_probe_s", float("nan"))
-    note = getattr(r, "host_speed_note", "") or ""
-    cell = f"{probe * 1e3:.2f}" if isinstance(probe, float) and np.isfinite(probe) else "-"
-    return f"{cell} ({note.split(' (')[0].replace('host ', '')})" if note else cell
+    """The run's measured speed probe beside the fit rows' median (both ms; a reading, not a rule)."""
+    ms = lambda v: f"{v * 1e3:.2f}" if np.isfinite(v) else "-"     # noqa: E731
+    return f"{ms(r.host_probe_s)} vs {ms(r.fit_probe_s)}"
 
 
 def table_lines(df: pd.DataFrame) -> list:
     lines = ["| model | workload | variant | dtype | prompt | chunk | measured TTFT (s) | modeled TTFT (s) [90 %] | "
-             "error | inside | counted | host probe (ms) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "error | inside | counted | host probe, run vs fit (ms, measured) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in df.itertuples():
         iv = f" [{r.modeled_ttft_lo_s:.4f}, {r.modeled_ttft_hi_s:.4f}]" if np.isfinite(r.modeled_ttft_lo_s) else ""
         lines.append(f"| {r.model} | {r.workload} | {r.variant} | {r.dtype} | {r.prompt_len} | {r.chunk} | "
