@@ -8,9 +8,10 @@ per-op reference path instead. `--platforms` replaces the grid's two platforms (
 e.g. the fitted graph-level ones: --platforms data/fits/m2-max-fit.yaml,data/fits/m2-ultra-fit.yaml. Beside the
 in-process grid, the same grid through the command line (`python -m npumoe_lab simulate <GRID's flags> --out DIR`,
 with --draws 0 and the CLI's default 200) as a subprocess, `--cli-repeats` times each (median; wall and the child's
-CPU time, imports and writing included; 0: skip). Each command line runs with its routing draws' cache
-(sim/draw_cache.py) cold (an empty cache: every draw sampled and written) and warm (a cache filled by an untimed
-run: the draws read back), both printed; the in-process grid samples every draw. Then the 12,800-plan sweep
+CPU time, imports and writing included; 0: skip). Each command line runs with its routing draws' and plans'
+caches (sim/draw_cache.py, sim/plan_cache.py) cold (empty: every draw sampled, every plan built, then written) and
+warm (filled by an untimed run: read back), both printed; the in-process grid samples every draw and builds every
+plan. Then the 12,800-plan sweep
 (`python -m npumoe_lab sweep sweeps/simulate_10k.yaml --workers 2 --out DIR`, a fresh folder: every cell runs) the
 same way, cold then warm, wall and CPU (target <= 60 s; `--no-sweep`: skip it, ~2 x 3-7 min on 2 cores)."""
 from __future__ import annotations
@@ -60,17 +61,21 @@ def cli_args(routing: str, draws: int, out, platforms: str = GRID["platforms"], 
 
 
 def _cache_env(folder) -> dict:
-    """The environment of a child run: this checkout first on the path, the draw cache in `folder`."""
+    """The environment of a child run: this checkout first on the path, the draw and plan caches on, in `folder`
+    (switched on explicitly: the in-process grid, timed first, switches them off in this process's environment,
+    which a child inherited until 2026-12-04: the "warm" command lines timed before then ran with the draw cache
+    off, so they were cold; docs/PERFORMANCE.md says so)."""
     return {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-            "NPUMOE_NO_PROGRESS": "1", "NPUMOE_CACHE_DIR": str(folder)}
+            "NPUMOE_NO_PROGRESS": "1", "NPUMOE_CACHE_DIR": str(folder), "NPUMOE_DRAW_CACHE": "on",
+            "NPUMOE_PLAN_CACHE": "on"}
 
 
 def timed_cli(routing: str, draws: int, repeats: int, platforms: str = GRID["platforms"],
               workers: int | None = None, cache: str = "cold"):
     """(median wall s, median child CPU s (user + sys), walls): the grid's simulate command run `repeats` times,
     each in a fresh process (imports, simulation, printing and writing the rows all counted). `cache` "cold": each
-    run with an empty draw cache (sim/draw_cache.py: every routing draw sampled, then written); "warm": all runs on
-    one cache filled by an untimed run first (the draws read back)."""
+    run with empty draw and plan caches (every routing draw sampled, every plan built, then written); "warm": all
+    runs on caches filled by an untimed run first (read back)."""
     walls, cpus = [], []
     with tempfile.TemporaryDirectory() as kept:
         if cache == "warm":
@@ -121,7 +126,7 @@ def cold() -> None:
     for cache in (_cached_source, _dropless, _ffn_seconds, makespan._group_call_s, stream._layer_rows,
                   stream._pack_row):
         cache.cache_clear()
-    os.environ["NPUMOE_DRAW_CACHE"] = "off"      # the in-process grid samples every routing draw (cold)
+    os.environ["NPUMOE_DRAW_CACHE"] = os.environ["NPUMOE_PLAN_CACHE"] = "off"   # in process: every draw, plan (cold)
     for kept in (layout._LAYOUTS, layout._GROUPS, plan._CHECKED, makespan._RATES, array_replay._POINT):
         kept.clear()
 
@@ -187,7 +192,7 @@ def main(argv=None) -> int:
             wall_c, cpu_c, walls_c = timed_cli(a.routing, draws, a.cli_repeats, a.platforms, workers, cache)
             how = "--workers 1" if workers else "default workers (the cores)"
             print(f"paper grid through the command line (python -m npumoe_lab simulate <grid flags> --draws {draws} "
-                  f"--out DIR, {how}; imports, printing and writing included; draw cache {cache}): {wall_c:.1f} s "
+                  f"--out DIR, {how}; imports, printing and writing included; draw + plan caches {cache}): {wall_c:.1f} s "
                   f"wall, {cpu_c:.1f} s CPU (median of {a.cli_repeats}: {', '.join(f'{t:.1f}' for t in walls_c)} s "
                   f"wall); load average {load1:.1f} -> {os.getloadavg()[0]:.1f}; target <= "
                   f"{5 if draws == 0 else 60} s")
@@ -198,7 +203,7 @@ def main(argv=None) -> int:
                 wall_s, cpu_s, cells = timed_sweep("sweeps/simulate_10k.yaml", a.sweep_workers, kept)
                 print(f"10k sweep through the command line (python -m npumoe_lab sweep sweeps/simulate_10k.yaml "
                       f"--workers {a.sweep_workers} --out DIR, a fresh folder; {cells} cells x 16 plans, 8 decode "
-                      f"steps each; draw cache {cache}): {wall_s:.1f} s wall, {cpu_s:.1f} s CPU; load average "
+                      f"steps each; draw + plan caches {cache}): {wall_s:.1f} s wall, {cpu_s:.1f} s CPU; load average "
                       f"{load1:.1f} -> {os.getloadavg()[0]:.1f}; target <= 60 s")
     if a.tables:
         print(paper_scale_markdown(df))

@@ -14,6 +14,8 @@ from npumoe_lab.models import TINY_MODEL_DIR, load_model
 torch.set_num_threads(1)
 # the cpu platform's plans must not depend on whichever host fit was last registered here (hostprofile.find_host_fit)
 os.environ.setdefault("NPUMOE_HOST_FIT", "off")
+# tests patch planning code: a plan read from the keyed plan cache would hide the patch (tests/sim turn it on)
+os.environ.setdefault("NPUMOE_PLAN_CACHE", "off")
 
 SLOW_MODULES = {"test_notebooks", "test_browser", "test_sweep", "test_bench", "test_tiny_model", "test_simulate",
                 "test_accuracy", "test_workloads", "test_graphs", "test_graphs_coreml", "test_onnxruntime_device",

@@ -49,8 +49,8 @@ def _simulate(a) -> int:
     import pandas as pd
     from npumoe_lab.sim.report import ratios
     from npumoe_lab.sim.run import save_simulation, simulate_with_timelines
-    if a.no_cache:      # the workers inherit it (sim/draw_cache.py)
-        os.environ["NPUMOE_DRAW_CACHE"] = "off"
+    if a.no_cache:      # the workers inherit both (sim/draw_cache.py, sim/plan_cache.py)
+        os.environ["NPUMOE_DRAW_CACHE"] = os.environ["NPUMOE_PLAN_CACHE"] = "off"
     knobs = knobs_from_args(a)
     check_decode_args(a)
     t0 = time.perf_counter()
@@ -101,9 +101,10 @@ def register_cli(sub) -> None:
                         "or closest (simulate there; rows say op_in_band False)")
     p.add_argument("--timeline", action="store_true", help="also write the per-op timelines")
     p.add_argument("--no-cache", action="store_true",
-                   help="sample every routing draw afresh (default: calibration and prompt draws are read "
-                        "from the keyed cache cache_dir()/draws where a run with the same key wrote them: "
-                        "the same rows either way; = NPUMOE_DRAW_CACHE=off)")
+                   help="sample every routing draw and build every plan afresh (default: calibration and prompt "
+                        "draws and the built plans are read from the keyed caches cache_dir()/draws and "
+                        "cache_dir()/plans where a run with the same key wrote them: the same rows either way; = "
+                        "NPUMOE_DRAW_CACHE=off NPUMOE_PLAN_CACHE=off)")
     p.add_argument("--draws", type=int, default=200,
                    help="parameter draws for the 90%% interval columns (*_lo/_hi) (the platform's posterior, else a prior from its sourced alternatives; 0: none; "
                         "default 200)")

@@ -10,8 +10,8 @@ EXECUTORS = ("local", "dask")      # = experiments.sweep.EXECUTORS (tests/test_c
 
 def _sweep(args) -> int:
     from npumoe_lab.experiments.sweep import run_sweep     # lazy: papermill and the pool load only when run
-    if args.no_cache:      # every cell's routing draws sampled afresh (the workers inherit it)
-        os.environ["NPUMOE_DRAW_CACHE"] = "off"
+    if args.no_cache:      # every cell's routing draws sampled and plans built afresh (the workers inherit it)
+        os.environ["NPUMOE_DRAW_CACHE"] = os.environ["NPUMOE_PLAN_CACHE"] = "off"
     report = run_sweep(args.sweep, args.out, workers=args.workers, executor=args.executor,
                        scheduler=args.scheduler, warm=not args.fresh_kernels,
                        fresh=args.fresh, overrides=_overrides(args))
@@ -43,6 +43,7 @@ def register_cli(subparsers) -> None:
                         "parameter or grid entry is replaced; the sweep's notebook or simulate must take it "
                         "(docs/OPERATING_POINT.md)")
     p.add_argument("--no-cache", action="store_true",
-                   help="simulate cells sample every routing draw afresh instead of reading the keyed draw cache "
-                        "(cache_dir()/draws; the same rows either way; = NPUMOE_DRAW_CACHE=off)")
+                   help="simulate cells sample every routing draw and build every plan afresh instead of reading "
+                        "the keyed caches (cache_dir()/draws and /plans; the same rows either way; = "
+                        "NPUMOE_DRAW_CACHE=off NPUMOE_PLAN_CACHE=off)")
     p.set_defaults(func=_sweep)

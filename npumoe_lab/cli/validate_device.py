@@ -50,11 +50,12 @@ def register_cli(sub):
 def _cli(a) -> int:
     # lazy: pandas and the fitted models load only when the command runs (`--help` stays fast)
     from npumoe_lab.devices.cpu_fit import is_host_fit, validate_host_rows
-    from npumoe_lab.experiments.validate_runs import report, validate_runs, write_validation
+    from npumoe_lab.experiments.validate_runs import op_kind_errors, report, validate_runs, write_validation
     if a.runs is not None:
         df = validate_runs(a.platform, a.runs)
-        path = write_validation(df, a.out, a.platform, a.runs)
-        print(report(df, a.platform, a.runs) + f"\nwritten {path} and runs_validation.csv")
+        path = write_validation(df, a.out, a.platform, a.runs, op_kind_errors(a.platform, a.runs))
+        print(report(df, a.platform, a.runs) + f"\nwritten {path}, runs_validation.csv and runs_by_op_kind.csv "
+              "(each run's modeled minus measured seconds per op kind)")
         return 0
     if is_host_fit(a.platform):      # a fitted host model prices op-level host rows
         res, text = validate_host_rows(a.platform, a.measurements)

@@ -80,11 +80,8 @@ def _read(d: Path, prefix: str, run_dirs=()) -> pd.DataFrame:
     return normalize(pd.concat([pd.read_parquet(f) for f in files], ignore_index=True))
 
 
-def validate_runs(platform_path, runs_dir) -> pd.DataFrame:
-    """One row per measured result row group: measured and modeled TTFT (with its 90 % interval), their ratio,
-    whether it counts. Each run is priced with the fit of its own dtype (measure --dtype)."""
-    load_host_model(platform_path)                         # one clear error before any work
-    out = []
+def _measured_groups(runs_dir):
+    """(run dir, key, result rows, [(op records, timeline) per sample]) of every measured result row group."""
     dirs = _run_dirs(runs_dir)
     for d in dirs:
         rows = _read(d, "rows")
@@ -99,35 +96,84 @@ def validate_runs(platform_path, runs_dir) -> pd.DataFrame:
         tls = tls[tls["platform"].isin(rows["platform"].unique())]
         samples = {}
         for key, g in tls.groupby(TL_KEYS + ["platform", "sample"], sort=False):
-            samples.setdefault(key[:-1], []).append(timeline_ops(g))
+            samples.setdefault(key[:-1], []).append((timeline_ops(g), g))
         for key, g in rows.groupby(KEYS + ["platform"], sort=False):
             per_sample = samples.get(tuple(key))
             if not per_sample:
                 raise NpuMoeError(f"no timeline for the measured rows {dict(zip(KEYS + ['platform'], key))} in "
                                   f"{d}; run with --timeline")
-            dtype = str(g["dtype"].iloc[0]) if "dtype" in g and pd.notna(g["dtype"].iloc[0]) else None
-            params = load_host_model(platform_path, dtype)
-            unc = load_host_uncertainty(platform_path, dtype)
-            pred, lo, hi = ttft_interval(params, unc, per_sample)
-            measured = float(g["ttft_median_s"].iloc[0]) if "ttft_median_s" in g else float(g["ttft_s"].median())
-            busy = bool(g["host_busy"].any()) if "host_busy" in g else False
-            # a fit prices the thread count it was measured at: a run at another is not comparable (not counted)
-            ran = int(g["torch_threads"].iloc[0]) if "torch_threads" in g and pd.notna(g["torch_threads"].iloc[0]) \
-                else None
-            other_threads = bool(unc and unc.get("threads") and ran and ran != unc["threads"])
-            # the host speed probe beside the fit rows' (hostspeed.py): shown, never a reason not to count
-            probe = float(g["host_probe_s"].median()) if "host_probe_s" in g else float("nan")
-            speed = speed_note(probe, (unc or {}).get("probe_s") or float("nan"))
-            why = str(g["host_busy_reason"].iloc[0]) if busy else \
-                (f"ran at {ran} torch threads, the fit's rows at {unc['threads']}" if other_threads else "")
-            out.append(dict(zip(KEYS + ["platform"], key), dtype=dtype or "", workload=str(g["workload"].iloc[0])
-                            if "workload" in g else "", measured_ttft_s=measured, modeled_ttft_s=pred,
-                            modeled_ttft_lo_s=lo, modeled_ttft_hi_s=hi, covered=bool(lo <= measured <= hi),
-                            ratio=pred / measured, abs_err=abs(pred / measured - 1), host_busy=busy,
-                            host_busy_reason=why, host_probe_s=probe,
-                            fit_probe_s=(unc or {}).get("probe_s") or float("nan"), host_speed_note=speed,
-                            counted=not busy and not other_threads, n_samples=len(per_sample),
-                            run_dir=str(d)))
+            yield d, key, g, per_sample
+
+
+def _measured_ttft(g) -> float:
+    return float(g["ttft_median_s"].iloc[0]) if "ttft_median_s" in g else float(g["ttft_s"].median())
+
+
+def _dtype(g) -> str | None:
+    return str(g["dtype"].iloc[0]) if "dtype" in g and pd.notna(g["dtype"].iloc[0]) else None
+
+
+def validate_runs(platform_path, runs_dir) -> pd.DataFrame:
+    """One row per measured result row group: measured and modeled TTFT (with its 90 % interval), their ratio,
+    whether it counts. Each run is priced with the fit of its own dtype (measure --dtype)."""
+    load_host_model(platform_path)                         # one clear error before any work
+    out = []
+    for d, key, g, sampled in _measured_groups(runs_dir):
+        per_sample = [ops for ops, _ in sampled]
+        dtype = _dtype(g)
+        params = load_host_model(platform_path, dtype)
+        unc = load_host_uncertainty(platform_path, dtype)
+        pred, lo, hi = ttft_interval(params, unc, per_sample)
+        measured = _measured_ttft(g)
+        busy = bool(g["host_busy"].any()) if "host_busy" in g else False
+        # a fit prices the thread count it was measured at: a run at another is not comparable (not counted)
+        ran = int(g["torch_threads"].iloc[0]) if "torch_threads" in g and pd.notna(g["torch_threads"].iloc[0]) \
+            else None
+        other_threads = bool(unc and unc.get("threads") and ran and ran != unc["threads"])
+        # the host speed probe beside the fit rows' (hostspeed.py): shown, never a reason not to count
+        probe = float(g["host_probe_s"].median()) if "host_probe_s" in g else float("nan")
+        speed = speed_note(probe, (unc or {}).get("probe_s") or float("nan"))
+        why = str(g["host_busy_reason"].iloc[0]) if busy else \
+            (f"ran at {ran} torch threads, the fit's rows at {unc['threads']}" if other_threads else "")
+        out.append(dict(zip(KEYS + ["platform"], key), dtype=dtype or "", workload=str(g["workload"].iloc[0])
+                        if "workload" in g else "", measured_ttft_s=measured, modeled_ttft_s=pred,
+                        modeled_ttft_lo_s=lo, modeled_ttft_hi_s=hi, covered=bool(lo <= measured <= hi),
+                        ratio=pred / measured, abs_err=abs(pred / measured - 1), host_busy=busy,
+                        host_busy_reason=why, host_probe_s=probe,
+                        fit_probe_s=(unc or {}).get("probe_s") or float("nan"), host_speed_note=speed,
+                        counted=not busy and not other_threads, n_samples=len(per_sample),
+                        run_dir=str(d)))
+    if not out:
+        raise NpuMoeError(f"no measured result rows under {runs_dir}; run `npumoe-lab run --platform cpu --timeline`")
+    return pd.DataFrame(out)
+
+
+def op_kind_errors(platform_path, runs_dir) -> pd.DataFrame:
+    """Where each run's modeled TTFT departs from its measured one, op kind by op kind: per measured row group and
+    op kind, the measured seconds of those ops (their timeline durations; the mean over samples of repeat 0) and
+    their modeled seconds (the fit of the run's dtype), and their difference over the run's measured TTFT
+    (`of_ttft`). One more kind, "(TTFT - ops)", modeled 0: the measured TTFT (median over repeats) minus the
+    measured ops' sum (repeat 0's stream, the one priced): the time between ops plus how far repeat 0 ran from
+    the median (a large value says the per-kind measured times are repeat 0's, not typical). Summed over the kinds,
+    `of_ttft` is the run's error. What the structure discussion of the CPU loop reads (docs/CPU_LOOP.md); a
+    reading of runs, never a fit input."""
+    load_host_model(platform_path)
+    out = []
+    for d, key, g, sampled in _measured_groups(runs_dir):
+        params = load_host_model(platform_path, _dtype(g))
+        measured_ttft = _measured_ttft(g)
+        kinds = {}
+        for ops, tl in sampled:
+            modeled = cpu_model.price_many(params, ops)
+            for kind, m, t in zip(tl["kind"], tl["duration_s"].to_numpy(dtype=float), modeled):
+                got = kinds.setdefault(str(kind), [0.0, 0.0])
+                got[0] += m / len(sampled)
+                got[1] += float(t) / len(sampled)
+        kinds["(TTFT - ops)"] = [measured_ttft - sum(m for m, _ in kinds.values()), 0.0]
+        base = dict(zip(KEYS + ["platform"], key), dtype=_dtype(g) or "", run_dir=str(d),
+                    measured_ttft_s=measured_ttft)
+        out += [dict(base, kind=k, measured_s=m, modeled_s=t, of_ttft=(t - m) / measured_ttft)
+                for k, (m, t) in sorted(kinds.items())]
     if not out:
         raise NpuMoeError(f"no measured result rows under {runs_dir}; run `npumoe-lab run --platform cpu --timeline`")
     return pd.DataFrame(out)
@@ -192,15 +238,18 @@ def report(df: pd.DataFrame, platform_path, runs_dir) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_validation(df: pd.DataFrame, out_dir, platform_path, runs_dir) -> Path:
+def write_validation(df: pd.DataFrame, out_dir, platform_path, runs_dir, by_kind: pd.DataFrame | None = None) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with atomic_open(out / "runs_validation.csv", "w") as fh:
         df.to_csv(fh, index=False)
+    if by_kind is not None:
+        with atomic_open(out / "runs_by_op_kind.csv", "w") as fh:
+            by_kind.to_csv(fh, index=False)
     with atomic_open(out / "RUNS_VALIDATION.md", "w") as fh:
         fh.write(report(df, platform_path, runs_dir))
     return out / "RUNS_VALIDATION.md"
 
 
-__all__ = ["validate_runs", "reprice_timeline", "timeline_ops", "ttft_interval", "summary", "acceptance", "verdict",
+__all__ = ["validate_runs", "op_kind_errors", "reprice_timeline", "timeline_ops", "ttft_interval", "summary", "acceptance", "verdict",
            "table_lines", "report", "write_validation"]

@@ -12,23 +12,18 @@ Writes are atomic, so parallel workers and sweeps may share the folder; an unrea
 from __future__ import annotations
 
 import functools
-import hashlib
-import os
-import pickle
 from pathlib import Path
 
-import numpy as np
-
-from npumoe_lab.results.atomic import atomic_open
+from npumoe_lab.sim import keyed_store
 from npumoe_lab.utils import cache_dir
 
-OFF_VALUES = ("off", "0", "no", "false")
+OFF_VALUES = keyed_store.OFF_VALUES
 SAMPLER_MODULES = ("routing.py", "topk.py", "textlike.py")
 
 
 def enabled() -> bool:
     """False where $NPUMOE_DRAW_CACHE says off (every draw sampled afresh)."""
-    return os.environ.get("NPUMOE_DRAW_CACHE", "on").strip().lower() not in OFF_VALUES
+    return keyed_store.switched_on("NPUMOE_DRAW_CACHE")
 
 
 def folder() -> Path:
@@ -38,61 +33,23 @@ def folder() -> Path:
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
     """The hash of the sampler's source text and the NumPy version (its generators' streams)."""
-    h = hashlib.sha256(np.__version__.encode())
     here = Path(__file__).resolve().parent
-    for name in SAMPLER_MODULES:
-        h.update(name.encode() + b"\0" + (here / name).read_bytes())
-    return h.hexdigest()
-
-
-def _feed(h, value) -> None:
-    """A canonical byte stream of `value` (arrays by dtype, shape and bytes; containers item by item)."""
-    if isinstance(value, np.ndarray):
-        a = np.ascontiguousarray(value)
-        h.update(f"a{a.dtype.str}{a.shape}".encode())
-        h.update(a.tobytes())
-    elif isinstance(value, dict):
-        h.update(f"d{len(value)}".encode())
-        for k in sorted(value, key=repr):
-            _feed(h, k)
-            _feed(h, value[k])
-    elif isinstance(value, (list, tuple)):
-        h.update(f"l{len(value)}".encode())
-        for v in value:
-            _feed(h, v)
-    elif value is None or isinstance(value, (bool, int, float, str, np.integer, np.floating)):
-        h.update(f"{type(value).__name__}:{value!r};".encode())
-    else:
-        raise TypeError(f"draw cache key: cannot hash a {type(value).__name__}")
+    return keyed_store.source_version([here / name for name in SAMPLER_MODULES])
 
 
 def key(kind: str, *parts) -> str:
-    h = hashlib.sha256(kind.encode())
-    _feed(h, code_version())
-    _feed(h, parts)
-    return f"{kind}-{h.hexdigest()[:40]}"
+    return keyed_store.entry_name(kind, code_version(), parts)
 
 
 def load(name: str):
     """The cached value under `name`, or None (a miss: absent, unreadable, or the cache off)."""
-    if not enabled():
-        return None
-    try:
-        with open(folder() / f"{name}.pkl", "rb") as fh:
-            return pickle.load(fh)
-    except Exception:  # noqa: BLE001 - a missing, partial or foreign entry is a miss: the draw is sampled
-        return None
+    return keyed_store.load(folder(), name) if enabled() else None
 
 
 def store(name: str, value) -> None:
     """Keep `value` under `name` (atomic; a full or read-only disk only costs the next run its draw)."""
-    if not enabled():
-        return
-    try:
-        with atomic_open(folder() / f"{name}.pkl", "wb") as fh:
-            pickle.dump(value, fh, protocol=pickle.HIGHEST_PROTOCOL)
-    except OSError:
-        pass
+    if enabled():
+        keyed_store.store(folder(), name, value)
 
 
 def cached(name: str, compute):

@@ -41,6 +41,7 @@ from npumoe_lab.sim.array_replay import interval_columns, stream_metrics, summar
 from npumoe_lab.sim.pricing import array_priced, draws_source, parameter_draws
 from npumoe_lab.sim.stream import StreamExecutor, build_stream, routing_counts
 from npumoe_lab.sim.parallel import default_workers, parallel_rows
+from npumoe_lab.sim import plan_cache
 from npumoe_lab.sim.decode import decode_routing, decode_stream, e2e_columns, e2e_draws, replay_decode, \
     step_counts, stream_decode_summary
 from npumoe_lab.execution.decode_policy import DEFAULT_DECODE_TOKENS, check_decode
@@ -90,8 +91,10 @@ def variant_executor(variant, specs, profile, platform, knobs: dict, memo: dict 
     given = PlanKnobs.given(knobs)
     key = (id(profile), id(platform), tuple(sorted({**given, **variant.plan_overrides}.items(), key=str)))
     if memo is None or key not in memo:
-        plan = variant_plan(profile, variant.name, specs, platform, given)
-        built = (plan, plan.compile())
+        def build():
+            plan = variant_plan(profile, variant.name, specs, platform, given)
+            return plan, plan.compile()
+        built = plan_cache.cached_plan(variant, specs, profile, platform, {**given, **variant.plan_overrides}, build)
         if memo is not None:
             memo[key] = built
     plan, layout = memo[key] if memo is not None else built

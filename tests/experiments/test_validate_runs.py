@@ -11,7 +11,7 @@ from npumoe_lab.devices import cpu_model as cm
 from npumoe_lab.devices.cost import attention_cost, expert_ffn_cost, memory_cost
 from npumoe_lab.devices.cpu_fit import load_host_model
 from npumoe_lab.devices.platform import resolve_platform
-from npumoe_lab.experiments.validate_runs import validate_runs
+from npumoe_lab.experiments.validate_runs import op_kind_errors, validate_runs
 from npumoe_lab.results.store import write_rows, write_timeline
 from tests.devices.test_cpu_model import TRUE, synthetic_ops
 
@@ -125,6 +125,24 @@ def test_validate_device_runs_cli_writes_the_table(tmp_path, capsys):
     text = (out / "RUNS_VALIDATION.md").read_text()
     assert "Counted rows: 1 of 2 (1 flagged host_busy, excluded)" in text
     assert len(pd.read_csv(out / "runs_validation.csv")) == 2
+    by_kind = pd.read_csv(out / "runs_by_op_kind.csv")
+    assert len(by_kind) == 2 * 6 and set(by_kind["variant"]) == {"npumoe", "reference"}
+
+
+def test_each_op_kind_carries_its_share_of_a_run_s_error(tmp_path):
+    """Per kind: measured = the timeline's durations, modeled = the kind's priced ops (by hand, one per kind here);
+    over the kinds the differences sum to the run's error, the rest of TTFT (TTFT - ops) modeled as 0."""
+    runs, by_hand = fake_run(tmp_path, TRUE)
+    fit = fit_file(tmp_path, TRUE)
+    k = op_kind_errors(fit, runs)
+    one = k[k["variant"] == "npumoe"].set_index("kind")
+    assert set(one.index) == {"attention", "pack", "expert_group", "scatter", "other", "(TTFT - ops)"}
+    assert one.loc["attention", "measured_s"] == pytest.approx(1e-3)
+    assert one.loc["(TTFT - ops)", "measured_s"] == pytest.approx(0.0105 - 5e-3)
+    assert one.loc["(TTFT - ops)", "modeled_s"] == 0.0
+    assert one["modeled_s"].sum() == pytest.approx(by_hand, rel=1e-12)
+    row = validate_runs(fit, runs).set_index("variant").loc["npumoe"]
+    assert one["of_ttft"].sum() == pytest.approx(row["ratio"] - 1, rel=1e-9)
 
 
 def test_a_platform_file_that_does_not_parse_is_one_line(tmp_path, capsys):
