@@ -50,10 +50,10 @@ def register_cli(sub):
 def _cli(a) -> int:
     # lazy: pandas and the fitted models load only when the command runs (`--help` stays fast)
     from npumoe_lab.devices.cpu_fit import is_host_fit, validate_host_rows
-    from npumoe_lab.experiments.validate_runs import op_kind_errors, report, validate_runs, write_validation
+    from npumoe_lab.experiments.validate_runs import report, validate_runs_by_kind, write_validation
     if a.runs is not None:
-        df = validate_runs(a.platform, a.runs)
-        path = write_validation(df, a.out, a.platform, a.runs, op_kind_errors(a.platform, a.runs))
+        df, by_kind = validate_runs_by_kind(a.platform, a.runs)
+        path = write_validation(df, a.out, a.platform, a.runs, by_kind)
         print(report(df, a.platform, a.runs) + f"\nwritten {path}, runs_validation.csv and runs_by_op_kind.csv "
               "(each run's modeled minus measured seconds per op kind)")
         return 0

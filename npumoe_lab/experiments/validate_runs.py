@@ -113,11 +113,11 @@ def _dtype(g) -> str | None:
     return str(g["dtype"].iloc[0]) if "dtype" in g and pd.notna(g["dtype"].iloc[0]) else None
 
 
-def validate_runs(platform_path, runs_dir) -> pd.DataFrame:
-    """One row per measured result row group: measured and modeled TTFT (with its 90 % interval), their ratio,
-    whether it counts. Each run is priced with the fit of its own dtype (measure --dtype)."""
+def validate_runs_by_kind(platform_path, runs_dir) -> tuple:
+    """(validate_runs' table, op_kind_errors' table) from one pass over the runs (each timeline read and priced
+    once)."""
     load_host_model(platform_path)                         # one clear error before any work
-    out = []
+    out, kinds = [], []
     for d, key, g, sampled in _measured_groups(runs_dir):
         per_sample = [ops for ops, _ in sampled]
         dtype = _dtype(g)
@@ -135,7 +135,8 @@ def validate_runs(platform_path, runs_dir) -> pd.DataFrame:
         speed = speed_note(probe, (unc or {}).get("probe_s") or float("nan"))
         why = str(g["host_busy_reason"].iloc[0]) if busy else \
             (f"ran at {ran} torch threads, the fit's rows at {unc['threads']}" if other_threads else "")
-        out.append(dict(zip(KEYS + ["platform"], key), dtype=dtype or "", workload=str(g["workload"].iloc[0])
+        ident = dict(zip(KEYS + ["platform"], key), dtype=dtype or "")
+        out.append(dict(ident, workload=str(g["workload"].iloc[0])
                         if "workload" in g else "", measured_ttft_s=measured, modeled_ttft_s=pred,
                         modeled_ttft_lo_s=lo, modeled_ttft_hi_s=hi, covered=bool(lo <= measured <= hi),
                         ratio=pred / measured, abs_err=abs(pred / measured - 1), host_busy=busy,
@@ -143,9 +144,16 @@ def validate_runs(platform_path, runs_dir) -> pd.DataFrame:
                         fit_probe_s=(unc or {}).get("probe_s") or float("nan"), host_speed_note=speed,
                         counted=not busy and not other_threads, n_samples=len(per_sample),
                         run_dir=str(d)))
+        kinds += _kind_rows(params, sampled, measured, dict(ident, run_dir=str(d), measured_ttft_s=measured))
     if not out:
         raise NpuMoeError(f"no measured result rows under {runs_dir}; run `npumoe-lab run --platform cpu --timeline`")
-    return pd.DataFrame(out)
+    return pd.DataFrame(out), pd.DataFrame(kinds)
+
+
+def validate_runs(platform_path, runs_dir) -> pd.DataFrame:
+    """One row per measured result row group: measured and modeled TTFT (with its 90 % interval), their ratio,
+    whether it counts. Each run is priced with the fit of its own dtype (measure --dtype)."""
+    return validate_runs_by_kind(platform_path, runs_dir)[0]
 
 
 def op_kind_errors(platform_path, runs_dir) -> pd.DataFrame:
@@ -157,26 +165,18 @@ def op_kind_errors(platform_path, runs_dir) -> pd.DataFrame:
     the median (a large value says the per-kind measured times are repeat 0's, not typical). Summed over the kinds,
     `of_ttft` is the run's error. What the structure discussion of the CPU loop reads (docs/CPU_LOOP.md); a
     reading of runs, never a fit input."""
-    load_host_model(platform_path)
-    out = []
-    for d, key, g, sampled in _measured_groups(runs_dir):
-        params = load_host_model(platform_path, _dtype(g))
-        measured_ttft = _measured_ttft(g)
-        kinds = {}
-        for ops, tl in sampled:
-            modeled = cpu_model.price_many(params, ops)
-            for kind, m, t in zip(tl["kind"], tl["duration_s"].to_numpy(dtype=float), modeled):
-                got = kinds.setdefault(str(kind), [0.0, 0.0])
-                got[0] += m / len(sampled)
-                got[1] += float(t) / len(sampled)
-        kinds["(TTFT - ops)"] = [measured_ttft - sum(m for m, _ in kinds.values()), 0.0]
-        base = dict(zip(KEYS + ["platform"], key), dtype=_dtype(g) or "", run_dir=str(d),
-                    measured_ttft_s=measured_ttft)
-        out += [dict(base, kind=k, measured_s=m, modeled_s=t, of_ttft=(t - m) / measured_ttft)
-                for k, (m, t) in sorted(kinds.items())]
-    if not out:
-        raise NpuMoeError(f"no measured result rows under {runs_dir}; run `npumoe-lab run --platform cpu --timeline`")
-    return pd.DataFrame(out)
+    return validate_runs_by_kind(platform_path, runs_dir)[1]
+
+
+def _kind_rows(params: dict, sampled: list, measured_ttft: float, base: dict) -> list:
+    """op_kind_errors' rows of one row group (its samples' timelines and op records)."""
+    per = pd.concat([pd.DataFrame({"kind": tl["kind"].astype(str).to_numpy(),
+                                   "measured_s": tl["duration_s"].to_numpy(dtype=float),
+                                   "modeled_s": cpu_model.price_many(params, ops)}) for ops, tl in sampled])
+    by = per.groupby("kind")[["measured_s", "modeled_s"]].sum() / len(sampled)
+    by.loc["(TTFT - ops)"] = [measured_ttft - by["measured_s"].sum(), 0.0]
+    return [dict(base, kind=k, measured_s=float(r.measured_s), modeled_s=float(r.modeled_s),
+                 of_ttft=float((r.modeled_s - r.measured_s) / measured_ttft)) for k, r in by.sort_index().iterrows()]
 
 
 def summary(df: pd.DataFrame) -> dict:
@@ -238,7 +238,8 @@ def report(df: pd.DataFrame, platform_path, runs_dir) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_validation(df: pd.DataFrame, out_dir, platform_path, runs_dir, by_kind: pd.DataFrame | None = None) -> Path:
+def write_validation(df: pd.DataFrame, out_dir, platform_path, runs_dir,
+                     by_kind: pd.DataFrame | None = None) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with atomic_open(out / "runs_validation.csv", "w") as fh:
@@ -251,5 +252,5 @@ def write_validation(df: pd.DataFrame, out_dir, platform_path, runs_dir, by_kind
     return out / "RUNS_VALIDATION.md"
 
 
-__all__ = ["validate_runs", "op_kind_errors", "reprice_timeline", "timeline_ops", "ttft_interval", "summary", "acceptance", "verdict",
+__all__ = ["validate_runs", "op_kind_errors", "validate_runs_by_kind", "reprice_timeline", "timeline_ops", "ttft_interval", "summary", "acceptance", "verdict",
            "table_lines", "report", "write_validation"]

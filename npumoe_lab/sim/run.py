@@ -89,12 +89,13 @@ def variant_executor(variant, specs, profile, platform, knobs: dict, memo: dict 
     if variant.experts == "dynamic":
         return _executor(_dropless(tuple(specs)), engine, cold="dynamic"), None
     given = PlanKnobs.given(knobs)
-    key = (id(profile), id(platform), tuple(sorted({**given, **variant.plan_overrides}.items(), key=str)))
+    forced = {**given, **variant.plan_overrides}
+    key = (id(profile), id(platform), tuple(sorted(forced.items(), key=str)))
     if memo is None or key not in memo:
         def build():
             plan = variant_plan(profile, variant.name, specs, platform, given)
             return plan, plan.compile()
-        built = plan_cache.cached_plan(variant, specs, profile, platform, {**given, **variant.plan_overrides}, build)
+        built = plan_cache.cached_plan(variant, specs, profile, platform, forced, build)
         if memo is not None:
             memo[key] = built
     plan, layout = memo[key] if memo is not None else built
