@@ -29,8 +29,9 @@ def is_temp(path: Path) -> bool:
 
 
 @contextmanager
-def atomic_open(path, mode: str = "wb"):
-    """Yield a file object; on clean exit its content replaces `path` atomically; on error nothing changes."""
+def atomic_open(path, mode: str = "wb", durable: bool = True):
+    """Yield a file object; on clean exit its content replaces `path` atomically; on error nothing changes.
+    `durable` False skips the fsyncs (a cache entry: a crash may lose it, never leave it partial)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -39,7 +40,8 @@ def atomic_open(path, mode: str = "wb"):
         with os.fdopen(fd, mode) as fh:
             yield fh
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException as exc:
         try:
@@ -49,7 +51,8 @@ def atomic_open(path, mode: str = "wb"):
         if isinstance(exc, OSError) and (exc.filename is None or str(exc.filename) == tmp):
             exc.filename = str(path)      # the file the user asked for, not the hidden temp (fsync names none)
         raise
-    _fsync_dir(path.parent)
+    if durable:
+        _fsync_dir(path.parent)
 
 
 def write_text(path, text: str) -> Path:

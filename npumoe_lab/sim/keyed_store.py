@@ -82,9 +82,10 @@ def load(folder: Path, name: str):
 
 
 def store(folder: Path, name: str, value) -> None:
-    """Keep `value` under `name` in `folder` (atomic; OSError swallowed: a cache must never fail a run)."""
+    """Keep `value` under `name` in `folder` (atomic, not fsynced: a crash may lose an entry, which is a miss;
+    OSError swallowed: a cache must never fail a run)."""
     try:
-        with atomic_open(folder / f"{name}.pkl", "wb") as fh:
+        with atomic_open(folder / f"{name}.pkl", "wb", durable=False) as fh:
             pickle.dump(value, fh, protocol=pickle.HIGHEST_PROTOCOL)
     except OSError:
         pass
