@@ -60,18 +60,10 @@ def profile_digest(profile) -> str:
 
 
 def _platform_part(platform):
-    """The platform's part of a key: the digest of its name, parameter hash, kind and both device models (kept on
-    the platform beside the hash it was taken at: every plan of a grid asks, and the device models are large)."""
     if not isinstance(platform, Platform):
         return None
-    got = platform.__dict__.get("_plan_cache_part")
-    if got is not None and got[0] == platform.hash:
-        return got[1]
-    h = hashlib.sha256()
-    keyed_store.feed(h, [platform.name, platform.hash, platform.kind, platform.npu_shares_cpu,
-                         dataclasses.asdict(platform.npu), dataclasses.asdict(platform.cpu)])
-    platform.__dict__["_plan_cache_part"] = (platform.hash, h.hexdigest())
-    return h.hexdigest()
+    return [platform.name, platform.hash, platform.kind, platform.npu_shares_cpu,
+            dataclasses.asdict(platform.npu), dataclasses.asdict(platform.cpu)]
 
 
 def plan_key(variant, specs, profile, platform, knobs: dict) -> str | None:

@@ -131,13 +131,3 @@ def test_a_stand_in_platform_is_never_cached(cache):
     assert plan_cache.plan_key(v, specs, profile, stand_in, knobs) is None
     built = plan_cache.cached_plan(v, specs, profile, stand_in, knobs, lambda: ("plan", "layout"))
     assert built == ("plan", "layout") and not cache.exists()
-
-
-def test_the_platform_part_kept_on_the_platform_is_its_fresh_digest():
-    v, specs, profile, plat, knobs = _parts()
-    first = plan_cache.plan_key(v, specs, profile, plat, knobs)
-    assert "_plan_cache_part" in plat.__dict__                  # kept for the next plan of the grid
-    del plat.__dict__["_plan_cache_part"]
-    assert plan_cache.plan_key(v, specs, profile, plat, knobs) == first
-    plat.__dict__["_plan_cache_part"] = ("another hash", "stale")   # taken at another hash: not used
-    assert plan_cache.plan_key(v, specs, profile, plat, knobs) == first
