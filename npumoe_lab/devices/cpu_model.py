@@ -6,15 +6,17 @@ rates. To check that a device model can predict a whole prefill from micro-bench
 the engine records (ops.Op: kind, FLOPs, bytes, calls, GEMM shape, shape) with free parameters fitted on the
 `measure --device cpu` grid:
 
-    t(op)    = calls * call_s[kind] + max(t_gemm, t_memory) + t_scores
+    t(op)    = calls * call_s[kind] + t_elements + max(t_gemm, t_memory) + t_scores
+    t_elements = T * E * router_elem_s (router) | T * K * dispatch_row_s (dispatch) | op_s_experts_dynamic (dynamic)
     t_gemm   = gemm_flops / (rate * u),   u = w / (w + work_half_flops) * rows / (rows + rows_half)
     t_memory = bytes / bandwidth_bytes_s
     t_scores = 4 * t * keys * q_dim / attention_flops            (attention only: the [t, keys] score blocks)
 
 w = GEMM FLOPs per chain, rows = rows per GEMM (tokens per expert for the expert ops). `rate` and `rows_half` are
 `peak_flops`/`rows_half` for small GEMMs and `large_flops`/`large_rows_half` for an op whose largest weight matrix
-has >= LARGE_GEMM_ELEMS elements (the Qwen3-30B-A3B experts and projections, not the bundled model's); a small
-attention's projections have their own rate (`attention_gemm_flops`: four F.linear over the chunk). Three op
+has >= LARGE_GEMM_ELEMS elements (the Qwen3-30B-A3B experts, not the bundled model's); attention's projections
+have their own rates (`attention_gemm_flops`, `large_attention_flops` for a large weight: four F.linear over the
+chunk, not an expert chain's kernel). Three op
 kinds get more structure, each from what the engine does (engine.py, packing.py, runtime.py):
 
 - expert_group (G experts at capacity C): the G experts share no operand, so the engine runs G GEMM chains (G
@@ -53,6 +55,19 @@ bundled model's depth (experiments/measure.py): the development draw's naive-npu
 their expert groups 34 % of TTFT too fast, because 1-layer fit rows time the experts with their weights in the L3
 cache and a 4-layer run streams them; it also times one-expert groups inside prefills and group micro-benchmarks
 after evicting the caches.
+
+Changed 2026-12-05 (on fit-row residuals only, on a 2-core Xeon with AMX; the development draw re-priced after, no
+acceptance draw read; every acceptance seed registered before it is spent): (5) a dynamic experts op pays a floor
+per op (`op_s_experts_dynamic`: the sort, gather and index-add around its experts) on top of its per-expert calls:
+under the per-call floor alone its fit rows' log residual ran monotonically from -1.14 at one expert (a spill of
+one expert priced 3x too fast) to +0.35 at 20-30 experts (bf16; fp32 alike); (6) the router pays per score
+(`router_elem_s` x T x E: softmax and top-k) and the dispatch per assignment (`dispatch_row_s` x T x K): under a
+floor alone their residuals ran from +0.28 / +0.15 at chunk 32 to -0.89 / -0.65 at chunk 512; (7) a large
+attention's projections get `large_attention_flops` instead of the expert chains' `large_flops` (the shared rate
+priced the Qwen3-30B-A3B geometry's attention rows 18-21 % too fast and its expert groups too slow). On this
+host's rows: bf16 fit median |error| 9.7 -> 8.1 %, cross-validated whole-prefill sigma_log 0.123 -> 0.104; fp32
+5.8 -> 5.2 %, 0.131 -> 0.060; the residual RMS of the tiny geometry's dynamic experts 0.37 -> 0.11, router 0.37 ->
+0.09, dispatch 0.23 -> 0.12 (docs/CPU_LOOP.md).
 """
 from __future__ import annotations
 
@@ -66,20 +81,22 @@ from npumoe_lab.errors import NpuMoeError
 # engine op kinds (execution/ops.py OP_KINDS) that get their own per-call floor
 CALL_KINDS = ("attention", "router", "shared_experts", "experts_hf", "dispatch", "pack", "expert_group",
               "experts_dynamic", "scatter")
-EXTRA_FLOORS = ("call_s_group_expert", "call_s_gather", "call_s_scatter_part", "other_op_s")
+EXTRA_FLOORS = ("call_s_group_expert", "call_s_gather", "call_s_scatter_part", "other_op_s", "op_s_experts_dynamic",
+                "router_elem_s", "dispatch_row_s")
 RATE_PARAMS = ("peak_flops", "work_half_flops", "rows_half", "large_flops", "large_rows_half", "bandwidth_bytes_s",
-               "attention_flops", "attention_gemm_flops", "lm_head_flops", "lm_head_bytes_s", "other_chunk_s",
-               "other_layer_s")
+               "attention_flops", "attention_gemm_flops", "large_attention_flops", "lm_head_flops", "lm_head_bytes_s",
+               "other_chunk_s", "other_layer_s")
 PARAMS = tuple(f"call_s_{k}" for k in CALL_KINDS) + EXTRA_FLOORS + RATE_PARAMS
 # starting point of a fit (and the prior scale): orders of magnitude of a 2-core x86 VM under torch
 START = {**{f"call_s_{k}": 3e-5 for k in CALL_KINDS}, "call_s_group_expert": 5e-6, "call_s_gather": 3e-5,
-         "call_s_scatter_part": 1e-5, "other_op_s": 1e-5, "peak_flops": 3e11, "work_half_flops": 1e7,
-         "rows_half": 8.0, "large_flops": 3e11, "large_rows_half": 8.0, "bandwidth_bytes_s": 1e10,
-         "attention_flops": 1e11, "attention_gemm_flops": 3e11, "lm_head_flops": 3e11, "lm_head_bytes_s": 3e9,
-         "other_chunk_s": 3e-4, "other_layer_s": 5e-5}
+         "call_s_scatter_part": 1e-5, "other_op_s": 1e-5, "op_s_experts_dynamic": 1e-4, "router_elem_s": 1e-8,
+         "dispatch_row_s": 1e-7, "peak_flops": 3e11, "work_half_flops": 1e7, "rows_half": 8.0, "large_flops": 3e11,
+         "large_rows_half": 8.0, "bandwidth_bytes_s": 1e10, "attention_flops": 1e11, "attention_gemm_flops": 3e11,
+         "large_attention_flops": 3e11, "lm_head_flops": 3e11, "lm_head_bytes_s": 3e9, "other_chunk_s": 3e-4,
+         "other_layer_s": 5e-5}
 UNITS = {"peak_flops": "FLOP/s", "work_half_flops": "FLOP", "rows_half": "rows", "large_flops": "FLOP/s",
-         "large_rows_half": "rows", "bandwidth_bytes_s": "B/s",
-         "attention_flops": "FLOP/s", "attention_gemm_flops": "FLOP/s", "lm_head_flops": "FLOP/s",
+         "large_rows_half": "rows", "bandwidth_bytes_s": "B/s", "attention_flops": "FLOP/s",
+         "attention_gemm_flops": "FLOP/s", "large_attention_flops": "FLOP/s", "lm_head_flops": "FLOP/s",
          "lm_head_bytes_s": "B/s"}
 DTYPE_BYTES = 2     # element size the engine's recorded costs use (PrefillConfig.dtype_bytes)
 CONTEXT_KEYS = ("static_rows", "parts", "tokens", "chunk_ops")
@@ -157,23 +174,31 @@ def _context(op, key, default) -> int:
 # numpy arrays (OpFeatures); `_evaluate` then prices every row for a parameter dict. The formulas are in the
 # module docstring; `_engine_op` / `_other_op` give one record's features, `_price_engine` / `_price_other` the
 # vectorised time of all rows. price / price_many / fit all go through them (one implementation).
-RATES = ("peak_flops", "large_flops", "attention_gemm_flops")       # rate_idx 0, 1, 2
+RATES = ("peak_flops", "large_flops", "attention_gemm_flops", "large_attention_flops")       # rate_idx 0, 1, 2, 3
 FIELDS = ("kind_idx", "calls", "chains", "group_chains", "gather", "parts", "flops", "bytes", "rows", "rate_idx",
-          "score_flops", "t", "layers", "h", "v", "chunk_ops", "grouped", "small_attention_gemm")
+          "score_flops", "t", "layers", "h", "v", "chunk_ops", "grouped", "small_attention_gemm", "dynamic_ops",
+          "router_elems", "dispatch_rows")
 
 
 def _engine_op(op) -> dict:
     """Features of an engine op (kind in CALL_KINDS): its calls, GEMM chains, work, rows, rate and context."""
     kind, calls = op["kind"], op["calls"]
     f = dict(kind_idx=CALL_KINDS.index(kind), calls=calls)
+    if kind == "experts_dynamic":
+        f["dynamic_ops"] = 1                    # one sort / gather / index-add setup per op, whatever its experts
+    elif kind == "router" and len(op["shape"]) == 3:
+        f["router_elems"] = op["shape"][0] * op["shape"][2]     # (T, H, E): softmax and top-k over T x E scores
+    elif kind == "dispatch" and op["shape"]:
+        f["dispatch_rows"] = op["shape"][0]     # (T * K,): the assignments sorted and placed
     calls = max(calls, 1)
     gemm = _gemm_of(op)
     rows = 1 if gemm is None else gemm[0]
     flops, nbytes, score_flops, chains, rate = op["flops"], op["bytes"], 0.0, calls, 0
-    if gemm is not None and gemm[1] * gemm[2] >= LARGE_GEMM_ELEMS:
+    large = gemm is not None and gemm[1] * gemm[2] >= LARGE_GEMM_ELEMS
+    if kind == "attention":
+        rate = 3 if large else 2                # four F.linear over the chunk: not an expert chain's kernel
+    elif large:
         rate = 1                                # gemm = (rows, N, K): the op's largest GEMM [rows, K] x [K, N]
-    elif kind == "attention":
-        rate = 2                                # T x [H, H] projections: one F.linear each, not an expert chain
     if kind in ("experts_dynamic", "experts_hf") and op["gemm"] is not None:
         rows = rows / calls                     # one call per expert at its own load (_gemm_of: already per expert)
     elif kind == "expert_group" and len(op["shape"]) == 4:
@@ -184,7 +209,8 @@ def _engine_op(op) -> dict:
         f.update(gather=static, parts=n_parts)
         # each part is one [T, H] add (read two, write one); without static rows a [T, H] zeros replaces the gather
         h = op["shape"][1] if len(op["shape"]) == 2 else 0
-        nbytes = (nbytes if static else 0.0) + (3 * n_parts + (not static)) * _context(op, "tokens", 0) * h * DTYPE_BYTES
+        tokens = _context(op, "tokens", 0)
+        nbytes = (nbytes if static else 0.0) + (3 * n_parts + (not static)) * tokens * h * DTYPE_BYTES
     if kind == "attention" and gemm is not None and len(op["shape"]) == 2:
         t, past = op["shape"]
         score_flops = 4.0 * t * (past + t) * gemm[1]       # gemm[1] = n_heads * head_dim
@@ -248,9 +274,12 @@ def _price_engine(p: dict, f: OpFeatures) -> np.ndarray:
     """calls * call_s[kind] (+ the group's chains, a scatter's gather and parts) + max(t_gemm, t_memory) + t_scores."""
     call_s = np.array([p[f"call_s_{k}"] for k in CALL_KINDS])[np.maximum(f.kind_idx, 0)]
     base = (f.calls * call_s + f.group_chains * p["call_s_group_expert"]
-            + (f.gather * p["call_s_gather"] + f.parts * p["call_s_scatter_part"]))
+            + (f.gather * p["call_s_gather"] + f.parts * p["call_s_scatter_part"])
+            + f.dynamic_ops * p["op_s_experts_dynamic"] + f.router_elems * p["router_elem_s"]
+            + f.dispatch_rows * p["dispatch_row_s"])
     rate = np.array([p[r] for r in RATES])[f.rate_idx]
-    u = _utilisation(f.flops / f.chains, f.rows, p, np.where(f.rate_idx == 1, p["large_rows_half"], p["rows_half"]))
+    half = np.where(f.rate_idx % 2 == 1, p["large_rows_half"], p["rows_half"])      # rates 1 and 3: large GEMMs
+    u = _utilisation(f.flops / f.chains, f.rows, p, half)
     t_gemm = np.where(f.flops != 0, f.flops / (rate * u), 0.0)
     return base + np.maximum(t_gemm, f.bytes / p["bandwidth_bytes_s"]) + f.score_flops / p["attention_flops"]
 
@@ -323,12 +352,21 @@ def _informed(name: str, ops) -> bool:
         return bool((f.gather > 0).any())
     if name == "call_s_scatter_part":
         return bool((f.parts > 0).any())
+    if name == "op_s_experts_dynamic":
+        return bool((f.dynamic_ops > 0).any())
+    if name == "router_elem_s":
+        return bool((f.router_elems > 0).any())
+    if name == "dispatch_row_s":
+        return bool((f.dispatch_rows > 0).any())
     if name == "other_op_s":
         return bool(((f.kind_idx < 0) & (f.chunk_ops > 0)).any())
     if name in ("other_chunk_s", "other_layer_s", "lm_head_flops", "lm_head_bytes_s"):
         return -1 in kinds
     if name in ("large_flops", "large_rows_half"):
-        return bool(((f.kind_idx >= 0) & (f.rate_idx == 1)).any())
+        rates = (1, 3) if name == "large_rows_half" else (1,)      # a large attention shares the rows curve only
+        return bool(((f.kind_idx >= 0) & np.isin(f.rate_idx, rates)).any())
+    if name == "large_attention_flops":
+        return bool(((f.kind_idx >= 0) & (f.rate_idx == 3)).any())
     if name == "attention_flops":
         return CALL_KINDS.index("attention") in kinds
     if name == "attention_gemm_flops":

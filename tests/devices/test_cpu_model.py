@@ -15,7 +15,9 @@ TRUE = {**{f"call_s_{k}": v for k, v in zip(cm.CALL_KINDS, (4e-4, 6e-5, 5e-5, 2e
         "call_s_group_expert": 6e-6, "call_s_gather": 7e-5, "call_s_scatter_part": 1.5e-5, "other_op_s": 2e-5,
         "peak_flops": 4.0e11, "work_half_flops": 2.0e7, "rows_half": 6.0, "large_flops": 8.0e11,
         "large_rows_half": 20.0, "bandwidth_bytes_s": 1.5e10, "attention_flops": 8.0e10, "attention_gemm_flops": 5.0e11,
-        "lm_head_flops": 6.0e11, "lm_head_bytes_s": 4.0e9, "other_chunk_s": 5e-4, "other_layer_s": 8e-5}
+        "lm_head_flops": 6.0e11, "lm_head_bytes_s": 4.0e9, "other_chunk_s": 5e-4, "other_layer_s": 8e-5,
+        "op_s_experts_dynamic": 3e-4, "router_elem_s": 1.2e-8, "dispatch_row_s": 1.5e-7,
+        "large_attention_flops": 1.5e12}
 
 
 def rec(kind, cost, shape=(), context=None):
@@ -119,10 +121,41 @@ def test_dynamic_experts_without_a_gemm_are_priced_per_expert_from_their_cost(H,
     rows, w = cost.flops / (6 * hi * 4), 6.0 * 2 * H * I             # its mean rows, its chain's FLOPs
     assert rows == pytest.approx(2.0, rel=0.02)
     u = w / (w + TRUE["work_half_flops"]) * rows / (rows + TRUE[half])
-    want = 4 * TRUE["call_s_experts_dynamic"] + \
+    want = TRUE["op_s_experts_dynamic"] + 4 * TRUE["call_s_experts_dynamic"] + \
         max(cost.flops / (TRUE[rate] * u), cost.bytes / TRUE["bandwidth_bytes_s"])
     got = cm.price(TRUE, cm.op_record("experts_dynamic", cost.flops, cost.bytes, cost.calls, None))
     assert got == pytest.approx(want, rel=1e-9)
+
+
+def test_router_and_dispatch_grow_with_their_elements():
+    """The router's softmax / top-k over T x E scores and the dispatch's T x K assignments are priced per element
+    on top of the per-call floor (the fit rows' residuals grew with T under a floor alone)."""
+    T, H, E, K = 256, 256, 32, 4
+    cost = dense_cost(T, H, E)
+    u = cost.flops / (cost.flops + TRUE["work_half_flops"]) * cost.gemm[0] / (cost.gemm[0] + TRUE["rows_half"])
+    want = TRUE["call_s_router"] + T * E * TRUE["router_elem_s"] + \
+        max(cost.flops / (TRUE["peak_flops"] * u), cost.bytes / TRUE["bandwidth_bytes_s"])
+    assert cm.price(TRUE, rec("router", cost, (T, H, E))) == pytest.approx(want, rel=1e-12)
+    d = memory_cost(T * K * 16, "dispatch")
+    want = TRUE["call_s_dispatch"] + T * K * TRUE["dispatch_row_s"] + d.bytes / TRUE["bandwidth_bytes_s"]
+    assert cm.price(TRUE, rec("dispatch", d, (T * K,))) == pytest.approx(want, rel=1e-12)
+    assert cm.price(TRUE, rec("dispatch", memory_cost(2 * T * K * 16, "dispatch"), (2 * T * K,))) > want
+
+
+def test_a_large_attention_runs_at_its_own_rate():
+    """Attention projections with a large weight (the Qwen3-30B-A3B geometry) are F.linear calls, priced at
+    large_attention_flops, not the expert chains' large_flops."""
+    t, past, H, nh, nkv, hd = 128, 0, 2048, 32, 4, 128
+    cost = attention_cost(t, past, H, nh, nkv, hd)
+    assert cost.gemm[1] * cost.gemm[2] >= cm.LARGE_GEMM_ELEMS
+    scores = 4.0 * t * (past + t) * nh * hd
+    proj = cost.flops - scores
+    u = proj / (proj + TRUE["work_half_flops"]) * t / (t + TRUE["large_rows_half"])
+    want = TRUE["call_s_attention"] + max(proj / (TRUE["large_attention_flops"] * u),
+                                          cost.bytes / TRUE["bandwidth_bytes_s"]) + scores / TRUE["attention_flops"]
+    assert cm.price(TRUE, rec("attention", cost, (t, past))) == pytest.approx(want, rel=1e-12)
+    assert cm.price({**TRUE, "large_flops": 10 * TRUE["large_flops"]}, rec("attention", cost, (t, past))) == \
+        pytest.approx(want, rel=1e-12)
 
 
 def synthetic_ops():
@@ -135,10 +168,10 @@ def synthetic_ops():
         for T in (32, 128, 512):
             for past in (0, T, 4 * T):
                 ops.append(rec("attention", attention_cost(T, past, H, 8, 2, 64), (T, past)))
-            ops.append(rec("router", dense_cost(T, H, 64)))
+            ops.append(rec("router", dense_cost(T, H, 64), (T, H, 64)))
             ops.append(rec("shared_experts", dense_cost(T, H, 3 * I)))
-            for kind in ("dispatch", "pack"):
-                ops.append(rec(kind, memory_cost(T * H * 4.0, kind)))
+            ops.append(rec("dispatch", memory_cost(T * 4 * 16.0, "dispatch"), (T * 4,)))
+            ops.append(rec("pack", memory_cost(T * H * 4.0, "pack")))
             for static, parts in ((1, 0), (0, 1), (1, 2)):
                 ops.append(rec("scatter", memory_cost(T * H * 4.0, "scatter"), (4 * T, H),
                                {"static_rows": static * 4 * T, "parts": parts, "tokens": T}))

@@ -33,7 +33,8 @@ def ref_util(w, rows, p, large=False):
 
 
 def ref_gemm_memory(flops, nbytes, w, rows, p, rate="peak_flops"):
-    t_gemm = flops / (p[rate] * ref_util(w, max(rows, 1), p, rate == "large_flops")) if flops else 0.0
+    large = rate in ("large_flops", "large_attention_flops")
+    t_gemm = flops / (p[rate] * ref_util(w, max(rows, 1), p, large)) if flops else 0.0
     return max(t_gemm, nbytes / p["bandwidth_bytes_s"])
 
 
@@ -55,10 +56,16 @@ def ref_price(p, op):
     gemm = ref_gemm_of(op)
     rows = 1 if gemm is None else gemm[0]
     flops, nbytes, scores, chains, rate = op["flops"], op["bytes"], 0.0, calls, "peak_flops"
-    if gemm is not None and gemm[1] * gemm[2] >= LARGE:
+    if kind == "attention":
+        rate = "attention_gemm_flops" if gemm is None or gemm[1] * gemm[2] < LARGE else "large_attention_flops"
+    elif gemm is not None and gemm[1] * gemm[2] >= LARGE:
         rate = "large_flops"
-    elif kind == "attention":
-        rate = "attention_gemm_flops"
+    if kind == "experts_dynamic":
+        base += p["op_s_experts_dynamic"]
+    if kind == "router" and len(op["shape"]) == 3:
+        base += op["shape"][0] * op["shape"][2] * p["router_elem_s"]
+    if kind == "dispatch" and op["shape"]:
+        base += op["shape"][0] * p["dispatch_row_s"]
     if kind in ("experts_dynamic", "experts_hf") and op["gemm"] is not None:
         rows = rows / calls
     elif kind == "expert_group" and len(op["shape"]) == 4:
@@ -92,7 +99,18 @@ def ref_informed(name, ops):
     if name in ("other_chunk_s", "other_layer_s", "lm_head_flops", "lm_head_bytes_s"):
         return "other" in kinds
     if name in ("large_flops", "large_rows_half"):
-        return any(o["kind"] != "other" and (g := ref_gemm_of(o)) is not None and g[1] * g[2] >= LARGE for o in ops)
+        return any(o["kind"] not in ("other", "attention") and (g := ref_gemm_of(o)) is not None
+                   and g[1] * g[2] >= LARGE for o in ops) or \
+            (name == "large_rows_half" and ref_informed("large_attention_flops", ops))
+    if name == "large_attention_flops":
+        return any(o["kind"] == "attention" and o["gemm"] is not None and o["gemm"][1] * o["gemm"][2] >= LARGE
+                   for o in ops)
+    if name == "op_s_experts_dynamic":
+        return "experts_dynamic" in kinds
+    if name == "router_elem_s":
+        return any(o["kind"] == "router" and len(o["shape"]) == 3 for o in ops)
+    if name == "dispatch_row_s":
+        return any(o["kind"] == "dispatch" and o["shape"] for o in ops)
     if name == "attention_flops":
         return "attention" in kinds
     if name == "attention_gemm_flops":
@@ -127,6 +145,10 @@ def records(draw):
                                                       "tokens": dims}))
     elif kind in ("experts_dynamic", "experts_hf"):
         shape = draw(st.just(()) | st.tuples(dims, dims))
+    elif kind == "router":
+        shape = draw(st.just(()) | st.tuples(dims, dims, st.integers(1, 256)))
+    elif kind == "dispatch":
+        shape = draw(st.just(()) | st.tuples(dims))
     nbytes = draw(st.just(0.0) | pos)
     return cm.op_record(kind, draw(st.just(0.0) | pos), nbytes, calls, gemm, shape, context=ctx)
 
