@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import npumoe_lab.execution.engine as engine
-from npumoe_lab.core.numerics import emulated_group_ffn, emulated_split_ffn
+from npumoe_lab.core.numerics import (EmulatedFp16Weights, emulated_group_ffn, emulated_split_ffn, npu_layer_weights,
+                                     select as select_npu)
 from npumoe_lab.execution.engine import PlanExecutor
 from npumoe_lab.execution.experts import LayerHandle
 from tests.core.test_cpu_ffn import numpy_expert
@@ -72,8 +73,12 @@ def test_split_rows_equal_a_float64_expert():
             engine._run_split(x, ex._split_weights(0, 0, gweights[0]), out, fills, ex._work)
             tol = dict(rtol=1e-4, atol=1e-5)
         else:
-            emulated_split_ffn(x, gweights[0], out, fills)
-            whole = emulated_group_ffn(x, gweights[0])
+            # the emulation itself, also where this CPU multiplies fp16 natively (the engine would not emulate)
+            experts = ex.static_layout(0)[0].groups[0].experts
+            emu = select_npu(npu_layer_weights(m, h.weights, torch.float16, flags=("avx2",)), experts)
+            assert isinstance(emu, EmulatedFp16Weights)
+            emulated_split_ffn(x, emu, out, fills)
+            whole = emulated_group_ffn(x, emu)
             for k, f in enumerate(fills):
                 torch.testing.assert_close(out[k, :f], whole[k, :f], rtol=0, atol=2e-3)
             tol = dict(rtol=2e-2, atol=2e-3)
