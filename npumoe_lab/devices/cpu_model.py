@@ -271,7 +271,8 @@ def _utilisation(w, rows, p, rows_half):
 
 
 def _price_engine(p: dict, f: OpFeatures) -> np.ndarray:
-    """calls * call_s[kind] (+ the group's chains, a scatter's gather and parts) + max(t_gemm, t_memory) + t_scores."""
+    """calls * call_s[kind] (+ the group's chains, a scatter's gather and parts, a dynamic op's floor, the router's
+    scores, the dispatch's assignments) + max(t_gemm, t_memory) + t_scores."""
     call_s = np.array([p[f"call_s_{k}"] for k in CALL_KINDS])[np.maximum(f.kind_idx, 0)]
     base = (f.calls * call_s + f.group_chains * p["call_s_group_expert"]
             + (f.gather * p["call_s_gather"] + f.parts * p["call_s_scatter_part"])

@@ -82,6 +82,12 @@ def test_split_rows_equal_a_float64_expert():
             for k, f in enumerate(fills):
                 torch.testing.assert_close(out[k, :f], whole[k, :f], rtol=0, atol=2e-3)
             tol = dict(rtol=2e-2, atol=2e-3)
+            if not isinstance(gweights[0], EmulatedFp16Weights):    # native fp16: the engine's own split
+                native = torch.full_like(x, float("nan"))
+                engine._run_split(x, ex._split_weights(0, 0, gweights[0]), native, fills, ex._work)
+                for k, f in enumerate(fills):
+                    np.testing.assert_allclose(native[k, :f].numpy(), numpy_expert(m, k, x[k, :f]), **tol)
+                    assert bool(torch.isnan(native[k, f:]).all())
         for k, f in enumerate(fills):
             np.testing.assert_allclose(out[k, :f].numpy(), numpy_expert(m, k, x[k, :f]), **tol)
             assert bool(torch.isnan(out[k, f:]).all())      # rows past the fill are never written
