@@ -24,6 +24,8 @@ measure grid, 3 tiny runs; its numbers prove nothing).
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import json
 import sys
 import time
@@ -34,6 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from npumoe_lab.cli import main as cli  # noqa: E402  (after the path insert: bench runs from a checkout)
 from npumoe_lab.core.cpu_features import cpu_flags, cpu_model, dtype_name, resolve_dtype  # noqa: E402
+from npumoe_lab.execution.experts import detach  # noqa: E402
 from npumoe_lab.experiments import cpu_draw  # noqa: E402
 from npumoe_lab.experiments.geometry_model import random_model  # noqa: E402
 from npumoe_lab.experiments.runner import run_experiment  # noqa: E402
@@ -63,11 +66,26 @@ def held_out_run(s: cpu_draw.Setting, out: Path, threads: int, qwen_cache: dict)
         run_experiment(model="tiny", dtype=s.dtype, **common)
         return
     dtype = resolve_dtype(s.dtype)
-    if qwen_cache.get("dtype") != dtype:                 # one Qwen3 model in memory at a time (2.4-4.8 GB)
-        qwen_cache.clear()
+    if qwen_cache.get("dtype") != dtype:        # one Qwen3 model in memory at a time (3.7 GB bf16, 7.4 GB fp32)
+        release(qwen_cache)
         _, tok = load_model("tiny")          # any tokenizer whose ids fit the vocabulary: the weights are random
         qwen_cache.update(dtype=dtype, model=random_model("qwen3-30b-a3b", QWEN_LAYERS, dtype, seed=0), tok=tok)
     run_experiment(model=(qwen_cache["model"], qwen_cache["tok"]), model_name=s.model, **common)
+
+
+def release(qwen_cache: dict) -> None:
+    """Drop the cached Qwen3 model now: its attachment (packed expert copies, 2.4-4.8 GB) and the model refer to each
+    other, so without a collection the old model lived on beside the next one (acceptance draw 12 was OOM-killed)."""
+    model = qwen_cache.get("model")
+    if model is not None:
+        detach(model)
+    qwen_cache.clear()
+    del model
+    gc.collect()
+    try:                  # and hand glibc's freed heap back: ~2.5 GB of the bf16 model stayed in RSS after a collect
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def table(df, s: dict, seed: int, threads: int, seconds: float) -> str:
@@ -133,7 +151,7 @@ def main(argv=None) -> int:
     for i, s in enumerate(settings):
         print(f"-- run {i + 1}/{len(settings)}: {s.label()} ({time.strftime('%H:%M:%S')})", flush=True)
         held_out_run(s, out / "runs" / f"{i + 1:03d}", a.threads, cache)
-    cache.clear()
+    release(cache)
     step("4. validate-device --runs")
     _cli(["validate-device", "--platform", out / "fit" / "cpu-fit.yaml", "--runs", out / "runs", "--out",
           out / "validate"])

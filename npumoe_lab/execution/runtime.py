@@ -139,7 +139,7 @@ def chunked_prefill(model, input_ids: torch.Tensor, config: PrefillConfig | int,
     hooks = _Hooks(model, geometry, clock, find_moe_blocks(model), measure_hf_experts, config.attention) \
         if timed else None
     device = next(model.parameters()).device
-    cache, logits = DynamicCache(config=model.config), []
+    cache, logits = DynamicCache(config=model.config), None
     t_start = time.perf_counter()
     try:
         for c, s in enumerate(range(0, T, chunk)):
@@ -160,8 +160,10 @@ def chunked_prefill(model, input_ids: torch.Tensor, config: PrefillConfig | int,
             chunk_logits = out.logits[:, :n_real]
             if not bool(torch.isfinite(chunk_logits.sum())) and bool(torch.isnan(chunk_logits).any()):
                 raise NpuMoeError(f"NaN in the logits of prefill chunk {c}; check the model weights/dtype")
-            if keep_logits:
-                logits.append(chunk_logits.float())
+            if keep_logits:     # written into one [1, T, V] tensor: a list and its cat would hold the logits twice
+                if logits is None:
+                    logits = chunk_logits.new_empty((1, T, chunk_logits.shape[-1]), dtype=torch.float32)
+                logits[:, s:s + n_real] = chunk_logits
             if pad:
                 cache.crop(-pad)
             if on_chunk is not None:
@@ -170,7 +172,7 @@ def chunked_prefill(model, input_ids: torch.Tensor, config: PrefillConfig | int,
         if hooks is not None:
             hooks.remove()
     wall = time.perf_counter() - t_start
-    return PrefillResult(torch.cat(logits, 1) if keep_logits else None, cache, getattr(clock, "events", []),
+    return PrefillResult(logits, cache, getattr(clock, "events", []),
                          getattr(clock, "stats", []), wall, ops=getattr(clock, "ops", []))
 
 

@@ -71,10 +71,17 @@ def describe(model: nn.Module) -> list[MoELayerSpec]:
     ) for ref in find_moe_blocks(model)]
 
 
-def _tensor_bytes(t: torch.Tensor) -> bytes:
-    # reinterpret as bytes (works for bf16, which NumPy cannot hold)
+def _hash_bf16(h, t: torch.Tensor, block_bytes: int = 1 << 26) -> None:
+    """h.update with t's values rounded to bf16 (t's bytes as is when not floating), in slices of at most
+    `block_bytes`: the digest of the whole tensor's bytes, with no whole-size copy (1.6 GB for one expert stack of
+    the Qwen3-30B-A3B geometry in fp32)."""
     import torch     # lazy: the registry answers geometry questions without torch
-    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    flat = t.detach().reshape(-1)
+    step = max(1, block_bytes // max(1, flat.element_size()))
+    for i in range(0, flat.numel(), step):
+        part = flat[i:i + step]
+        part = part.to(torch.bfloat16) if part.is_floating_point() else part
+        h.update(part.cpu().contiguous().view(torch.uint8).numpy())
 
 
 def model_fingerprint(model: nn.Module, refresh: bool = False) -> str:
@@ -89,10 +96,9 @@ def model_fingerprint(model: nn.Module, refresh: bool = False) -> str:
         return cached
     config = {k: v for k, v in model.config.to_dict().items()
               if not k.startswith("_") and k not in _VOLATILE_CONFIG_KEYS}
-    import torch     # lazy: as _tensor_bytes
     h = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
     for name, tensor in sorted(model.state_dict().items()):
         h.update(f"{name}|{tuple(tensor.shape)}|".encode())
-        h.update(_tensor_bytes(tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor))
+        _hash_bf16(h, tensor)
     model._npumoe_fingerprint = h.hexdigest()
     return model._npumoe_fingerprint

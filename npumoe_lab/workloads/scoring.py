@@ -30,6 +30,15 @@ def _step(model, token_ids, past):
     return out.logits, out.cache
 
 
+def _next_token_nll(logits, targets):
+    """-log p(target) per position of [T, V] logits, in row blocks: no [T, V] log-softmax temporary (1.2 GB at a
+    real vocabulary and a 2k prompt); each row's value is the one a whole-tensor log_softmax gives."""
+    import torch
+    from npumoe_lab.results.metrics import row_blocks   # lazy: metrics imports torch, this module must not
+    return torch.cat([-torch.log_softmax(logits[b].float(), -1).gather(1, targets[b, None]).squeeze(1)
+                      for b in row_blocks(*logits.shape)])
+
+
 def evaluate_sample(model, tokenizer, sample: Sample, workload: Workload, prefill_fn=None) -> dict:
     import torch
     import torch.nn.functional as F
@@ -44,8 +53,7 @@ def evaluate_sample(model, tokenizer, sample: Sample, workload: Workload, prefil
         last = logits[0, -1].float()
         res["last_logits"] = last.detach().clone()
         if sample.kind == "perplexity":
-            lp = F.log_softmax(logits[0, :-1].float(), dim=-1)
-            nll = -lp.gather(1, ids[0, 1:, None]).squeeze(1)
+            nll = _next_token_nll(logits[0, :-1], ids[0, 1:])
             res["nll"] = float(nll.mean())
             res["n_tokens"] = int(nll.numel())
             res["score"] = res["nll"]

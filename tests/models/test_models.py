@@ -75,6 +75,22 @@ def test_fingerprint_is_stable_cached_and_sensitive():
     assert model_fingerprint(tiny_model("mixtral", rms_norm_eps=1e-3)) != fa
 
 
+def test_fingerprint_hashes_in_slices_what_one_whole_copy_hashes():
+    """Weights are hashed slice by slice (no whole-size bf16 copy of a 1.6 GB expert stack): the digest is the one
+    of the whole tensor's bf16 bytes, at any slice size, for float and integer tensors."""
+    import hashlib
+    from npumoe_lab.models.registry import _hash_bf16
+    g = torch.Generator().manual_seed(0)
+    for t in (torch.randn(3, 5, 7, generator=g), torch.randn(11, generator=g).to(torch.float16),
+              torch.arange(13, dtype=torch.int64), torch.randn(4, 6, generator=g).t()):   # the last not contiguous
+        whole = t.to(torch.bfloat16) if t.is_floating_point() else t
+        want = hashlib.sha256(whole.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+        for block in (1, 6, 10, 1 << 26):
+            h = hashlib.sha256()
+            _hash_bf16(h, t, block_bytes=block)
+            assert h.hexdigest() == want, (t.dtype, block)
+
+
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_load_model_round_trip(family, tmp_path):
     source = tiny_model(family)

@@ -27,6 +27,22 @@ def test_logit_agreement_matches_numpy():
     assert same["top1_agree"] == 1.0 and same["kl"] < 1e-6
 
 
+def test_logit_agreement_in_row_blocks_equals_one_block(monkeypatch):
+    """Long prompts at a real vocabulary are compared in row blocks (bounded memory): same top-1, same KL, and the
+    reference's log-probabilities bit-identical to one whole-tensor log_softmax (a row never depends on its block)."""
+    from npumoe_lab.results import metrics
+    g = torch.Generator().manual_seed(3)
+    ref = torch.randn(1, 9, 11, generator=g).to(torch.bfloat16)
+    var = (ref.float() + 0.5 * torch.randn(1, 9, 11, generator=g)).to(torch.bfloat16)
+    whole = logit_agreement(ref, var)
+    monkeypatch.setattr(metrics, "BLOCK_ELEMENTS", 2 * 11)       # 2-row blocks: 5 of them, the last one short
+    assert [b.stop - b.start for b in metrics.row_blocks(9, 11)] == [2, 2, 2, 2, 1]
+    blocked = logit_agreement(ref, var)
+    assert blocked["top1_agree"] == whole["top1_agree"]
+    assert blocked["kl"] == pytest.approx(whole["kl"], rel=1e-6)
+    assert torch.equal(metrics.ReferenceLogits(ref).logprobs, torch.log_softmax(ref.float().reshape(9, 11), -1))
+
+
 def test_bootstrap_ci_width_matches_the_normal_approximation():
     x = np.random.default_rng(1).normal(0.3, 2.0, size=400)
     mean, lo, hi = bootstrap_ci(x, n_boot=4000, seed=0)
