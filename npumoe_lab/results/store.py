@@ -8,6 +8,7 @@ Layout contract (DESIGN.md "Result rows"): any folder tree; `write_rows` drops `
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from npumoe_lab.errors import NpuMoeError
-from npumoe_lab.utils import provenance, sha256_json
+from npumoe_lab.utils import provenance
 from npumoe_lab.results.atomic import atomic_open, is_temp
 
 KEY_COLUMNS = ("model", "workload", "variant", "platform", "prompt_len", "chunk", "repeat")
@@ -91,30 +92,38 @@ def load_timelines(results_dir) -> pd.DataFrame:
 
 
 def normalize(df: pd.DataFrame) -> pd.DataFrame:
-    """Fixed dtypes for the known columns, JSON strings for dict/list cells, keys first and provenance last."""
-    df = df.copy()
+    """Fixed dtypes for the known columns, JSON strings for dict/list cells, keys first and provenance last.
+    A column already of its fixed dtype is kept as it is (a sweep writes a row file per cell: converting every
+    column again was a third of the write)."""
+    cols = {}
     for col in df.columns:
-        if df[col].dtype == object:
-            df[col] = df[col].map(lambda v: json.dumps(v, sort_keys=True, default=str)
-                                  if isinstance(v, (dict, list, tuple)) else v)
+        s = df[col]
+        if s.dtype == object:
+            s = s.map(lambda v: json.dumps(v, sort_keys=True, default=str) if isinstance(v, (dict, list, tuple)) else v)
         if col in STR_COLUMNS or col.startswith("timing_source_"):
-            df[col] = df[col].astype("str")
+            if s.dtype != _STR_DTYPE:
+                s = s.astype("str")
         elif col in INT_COLUMNS or col in FLOAT_COLUMNS:
             dtype = "Int64" if col in INT_COLUMNS else "float64"
-            try:
-                df[col] = pd.to_numeric(df[col]).astype(dtype)
-            except (TypeError, ValueError) as exc:
-                raise NpuMoeError(f"column {col!r} must hold numbers ({dtype}); got values like "
-                                  f"{df[col].dropna().head(3).tolist()} ({exc})") from None
+            if s.dtype != dtype:
+                try:
+                    s = pd.to_numeric(s).astype(dtype)
+                except (TypeError, ValueError) as exc:
+                    raise NpuMoeError(f"column {col!r} must hold numbers ({dtype}); got values like "
+                                      f"{s.dropna().head(3).tolist()} ({exc})") from None
         elif col == "created":
             try:
-                df[col] = pd.to_datetime(df[col], utc=True, format="ISO8601").astype("datetime64[us, UTC]")
+                s = pd.to_datetime(s, utc=True, format="ISO8601").astype("datetime64[us, UTC]")
             except (TypeError, ValueError) as exc:
                 raise NpuMoeError(f"column 'created' must hold ISO-8601 timestamps ({exc})") from None
-    first = [c for c in (*KEY_COLUMNS, *FLOAT_COLUMNS) if c in df.columns]
-    last = [c for c in PROVENANCE_COLUMNS if c in df.columns]
-    middle = [c for c in df.columns if c not in first and c not in last]
-    return df[first + middle + last]
+        cols[col] = s
+    first = [c for c in (*KEY_COLUMNS, *FLOAT_COLUMNS) if c in cols]
+    last = [c for c in PROVENANCE_COLUMNS if c in cols]
+    middle = [c for c in cols if c not in first and c not in last]
+    return pd.DataFrame({c: cols[c] for c in first + middle + last}, index=df.index, copy=True)
+
+
+_STR_DTYPE = pd.Series([], dtype=object).astype("str").dtype
 
 
 def _check_timing_source(df: pd.DataFrame) -> None:
@@ -152,16 +161,19 @@ def _write(df: pd.DataFrame, out_dir, name: str | None, kind: str) -> Path:
     if out_dir is None:
         raise NpuMoeError(f"out_dir is None: pass the folder the {kind} files go to (a notebook run "
                           "interactively can skip writing when its `out_dir` parameter is None)")
-    if name is None:
-        name = f"{kind}-{sha256_json(df.to_dict(orient='records'))[:16]}"
-    if "/" in name or name.startswith((".", "_")):
+    if name is not None and ("/" in name or name.startswith((".", "_"))):
         raise NpuMoeError(f"file name {name!r} must be a plain name not starting with '.' or '_' "
                           "(those are skipped by the loaders)")
-    path = Path(out_dir) / (name if name.endswith(".parquet") else f"{name}.parquet")
     table = pa.Table.from_pandas(df, preserve_index=False)
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), KIND_KEY: kind.encode()})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    data = sink.getvalue()
+    if name is None:     # the file's own bytes name it: the same rows (and library versions) write the same file
+        name = f"{kind}-{hashlib.sha256(data).hexdigest()[:16]}"
+    path = Path(out_dir) / (name if name.endswith(".parquet") else f"{name}.parquet")
     with atomic_open(path, "wb") as fh:
-        pq.write_table(table, fh)
+        fh.write(memoryview(data))
     return path
 
 

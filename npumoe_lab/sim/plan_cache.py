@@ -59,24 +59,46 @@ def profile_digest(profile) -> str:
     return got
 
 
+_PLATFORM_DIGESTS: dict = {}       # id(platform) -> (platform, digest); the platform is held, so its id stays its own
+_PLATFORMS_KEPT = 64
+
+
 def _platform_part(platform):
+    """The digest of a platform's part of the key (computed once per platform object: a warm sweep cell keys 16
+    plans over 4 platforms, and hashing both device models' fields each time was a quarter of its time)."""
     if not isinstance(platform, Platform):
         return None
-    return [platform.name, platform.hash, platform.kind, platform.npu_shares_cpu,
-            dataclasses.asdict(platform.npu), dataclasses.asdict(platform.cpu)]
+    got = _PLATFORM_DIGESTS.get(id(platform))
+    if got is not None and got[0] is platform:
+        return got[1]
+    h = hashlib.sha256()
+    keyed_store.feed(h, [platform.name, platform.hash, platform.kind, platform.npu_shares_cpu,
+                         dataclasses.asdict(platform.npu), dataclasses.asdict(platform.cpu)])
+    if len(_PLATFORM_DIGESTS) >= _PLATFORMS_KEPT:
+        _PLATFORM_DIGESTS.clear()
+    _PLATFORM_DIGESTS[id(platform)] = (platform, h.hexdigest())
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=32)
+def _specs_digest(specs: tuple) -> str:
+    """The digest of the layer specs' fields (frozen dataclasses: equal specs, equal digest)."""
+    h = hashlib.sha256()
+    keyed_store.feed(h, [sorted(vars(s).items()) for s in specs])
+    return h.hexdigest()
 
 
 def plan_key(variant, specs, profile, platform, knobs: dict) -> str | None:
     """The entry name of a variant's plan, or None where it cannot be keyed (never cached). `knobs`: the given
     knobs with the variant's forced ones on top; with the attention placement that is all a variant changes in its
     plan (npumoe and npumoe-spill share one)."""
-    plat = _platform_part(platform)
-    if plat is None:
-        return None
-    spec_part = [sorted(vars(s).items()) for s in specs]
     try:
+        plat = _platform_part(platform)
+        if plat is None:
+            return None
         return keyed_store.entry_name("plan", code_version(), [
-            variant.attention, sorted(knobs.items(), key=repr), spec_part, profile_digest(profile), plat])
+            variant.attention, sorted(knobs.items(), key=repr), _specs_digest(tuple(specs)), profile_digest(profile),
+            plat])
     except TypeError:
         return None
 

@@ -120,3 +120,23 @@ def test_load_errors_name_the_problem(tmp_path):
         load_results(tmp_path)
     with pytest.raises(NpuMoeError, match="out_dir is None"):
         write_rows([_row()], None)
+
+
+def test_content_name_is_the_rows_own(tmp_path):
+    # the same rows (created included) write one file; one value changed writes another
+    df = pd.DataFrame([_row(created="2026-12-05T00:00:00+00:00"), _row(repeat=1, created="2026-12-05T00:00:00+00:00")])
+    a, b = write_rows(df, tmp_path), write_rows(df.copy(), tmp_path)
+    c = write_rows(df.assign(ttft_s=[0.5, 0.7500000001]), tmp_path)
+    assert a == b and a != c and len(list(tmp_path.glob("rows-*.parquet"))) == 2
+    assert load_results(tmp_path).shape[0] == 4
+
+
+def test_normalize_of_typed_and_untyped_columns_agree():
+    # a frame already in the fixed dtypes (as a sweep writes it) and the same values as plain objects
+    raw = pd.DataFrame([_row(chunk="64", ttft_s="0.5", prompt_len=256.0, extra={"b": [1, 2]}),
+                        _row(repeat=1, chunk=None, model=None, extra=[3])], dtype=object)
+    once = store.normalize(raw)
+    twice = store.normalize(once)
+    pd.testing.assert_frame_equal(once, twice, check_exact=True)
+    assert str(once["chunk"].dtype) == "Int64" and once["chunk"].tolist()[0] == 64 and pd.isna(once["chunk"][1])
+    assert once["extra"].tolist() == ['{"b": [1, 2]}', "[3]"] and once["model"].dtype == "str"
