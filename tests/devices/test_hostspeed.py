@@ -70,3 +70,17 @@ def test_the_probe_survives_a_measurements_file_into_the_fit(tmp_path):
     (tmp_path / "m" / "measurements.yaml").write_text(yaml.safe_dump({"description": "a test", "rows": rows}))
     with pytest.raises(Exception, match="host_probe_s"):
         load_measurements(tmp_path / "m")
+
+
+def test_the_verdict_says_how_many_runs_read_another_host_speed():
+    from npumoe_lab.experiments.validate_runs import summary, verdict
+    df = pd.DataFrame({"counted": [True, True, True, False], "abs_err": [0.02, 0.04, 0.30, 0.9],
+                       "host_speed_note": ["", "", "host 24% slower than when fitted (...)", "host 40% ..."]})
+    s = summary(df)
+    assert s["n_speed_off"] == 1 and s["median_abs_err_speed_steady"] == pytest.approx(0.03)
+    assert s["median_abs_err"] == pytest.approx(0.04) and s["worst_abs_err"] == pytest.approx(0.30)  # all counted
+    line = verdict(s)
+    assert "1 of the 3 counted runs read the host speed probe more than 15% off" in line
+    assert "median |error| of the other 2: 3.0 %" in line and "stay counted" in line
+    steady = summary(df.assign(host_speed_note=""))
+    assert steady["n_speed_off"] == 0 and "host speed probe" not in verdict(steady)
