@@ -239,7 +239,7 @@ def verdict(s: dict) -> str:
 
 
 def _speed_sentence(s: dict) -> str:
-    n, counted = s.get("n_speed_off", 0), s["n_counted"]
+    n, counted = s["n_speed_off"], s["n_counted"]
     if not n:
         return ""
     rest = counted - n

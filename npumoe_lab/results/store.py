@@ -91,6 +91,9 @@ def load_timelines(results_dir) -> pd.DataFrame:
     return normalize(pd.concat([_read(f) for f in files], ignore_index=True))
 
 
+_STR_DTYPE = pd.Series([], dtype=object).astype("str").dtype     # what astype("str") gives: such a column is kept
+
+
 def normalize(df: pd.DataFrame) -> pd.DataFrame:
     """Fixed dtypes for the known columns, JSON strings for dict/list cells, keys first and provenance last.
     A column already of its fixed dtype is kept as it is (a sweep writes a row file per cell: converting every
@@ -121,9 +124,6 @@ def normalize(df: pd.DataFrame) -> pd.DataFrame:
     last = [c for c in PROVENANCE_COLUMNS if c in cols]
     middle = [c for c in cols if c not in first and c not in last]
     return pd.DataFrame({c: cols[c] for c in first + middle + last}, index=df.index, copy=True)
-
-
-_STR_DTYPE = pd.Series([], dtype=object).astype("str").dtype
 
 
 def _check_timing_source(df: pd.DataFrame) -> None:

@@ -59,25 +59,19 @@ def profile_digest(profile) -> str:
     return got
 
 
-_PLATFORM_DIGESTS: dict = {}       # id(platform) -> (platform, digest); the platform is held, so its id stays its own
-_PLATFORMS_KEPT = 64
-
-
 def _platform_part(platform):
-    """The digest of a platform's part of the key (computed once per platform object: a warm sweep cell keys 16
-    plans over 4 platforms, and hashing both device models' fields each time was a quarter of its time)."""
+    """The content hash of a platform's part of the key, kept on the platform like a profile's (it is read-only;
+    a warm sweep cell keys 16 plans over 4 platforms, and hashing both device models' fields each time was a
+    quarter of its time). None for a stand-in (never cached)."""
     if not isinstance(platform, Platform):
         return None
-    got = _PLATFORM_DIGESTS.get(id(platform))
-    if got is not None and got[0] is platform:
-        return got[1]
-    h = hashlib.sha256()
-    keyed_store.feed(h, [platform.name, platform.hash, platform.kind, platform.npu_shares_cpu,
-                         dataclasses.asdict(platform.npu), dataclasses.asdict(platform.cpu)])
-    if len(_PLATFORM_DIGESTS) >= _PLATFORMS_KEPT:
-        _PLATFORM_DIGESTS.clear()
-    _PLATFORM_DIGESTS[id(platform)] = (platform, h.hexdigest())
-    return h.hexdigest()
+    got = platform.__dict__.get("_plan_cache_digest")
+    if got is None:
+        h = hashlib.sha256()
+        keyed_store.feed(h, [platform.name, platform.hash, platform.kind, platform.npu_shares_cpu,
+                             dataclasses.asdict(platform.npu), dataclasses.asdict(platform.cpu)])
+        got = platform.__dict__["_plan_cache_digest"] = h.hexdigest()
+    return got
 
 
 @functools.lru_cache(maxsize=32)

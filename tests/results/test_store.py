@@ -140,3 +140,7 @@ def test_normalize_of_typed_and_untyped_columns_agree():
     pd.testing.assert_frame_equal(once, twice, check_exact=True)
     assert str(once["chunk"].dtype) == "Int64" and once["chunk"].tolist()[0] == 64 and pd.isna(once["chunk"][1])
     assert once["extra"].tolist() == ['{"b": [1, 2]}', "[3]"] and once["model"].dtype == "str"
+    assert once["ttft_s"].dtype == "float64" and once["ttft_s"].tolist() == [0.5, 0.5]      # "0.5" parsed
+    assert str(once["prompt_len"].dtype) == "Int64" and once["prompt_len"].tolist() == [256, 256]
+    assert list(once.columns[:7]) == list(store.KEY_COLUMNS)
+    assert list(once.columns[-3:]) == ["platform_hash", "model_fingerprint", "plan_hash"]     # provenance last, in order
