@@ -25,9 +25,11 @@ from npumoe_lab.planning.knobs import PlanKnobs
 from npumoe_lab.planning.layout import ExecutionLayout, LayerLayout, check_model
 from npumoe_lab.models import describe, model_fingerprint
 from npumoe_lab.planning.makespan import LayerCase, LayerMakespan, fit_program_budget
+from npumoe_lab.planning.plan_json import LayerPieces, plan_digest
 from npumoe_lab.planning.residency import assign_residency, fit_budget, program_budget
 from npumoe_lab.core.saliency_rules import check_rule
-from npumoe_lab.planning.tiers import assign_tiers, expected_drop_rate, expected_kept_tokens, expected_padding
+from npumoe_lab.planning.tiers import (assign_tiers, expected_drop_rate, expected_kept_tokens, expected_padding,
+                                      percentile_need)
 from npumoe_lab.utils import sha256_json
 from npumoe_lab.planning.variants import get_variant
 
@@ -88,6 +90,16 @@ class Plan:
         if missing:
             raise NpuMoeError(f"plan lacks {missing}; it is not a plan file, build one with `npumoe-lab plan`")
         return cls(**{k: d[k] for k in (*keys, "calibration", "limits", "version", "hash") if k in d})
+
+    @classmethod
+    def _built(cls, layer_texts: list[str], **fields) -> "Plan":
+        """build_plan's plan: each layer was checked when its JSON pieces were made (`_layer_pieces`) and the hash
+        is taken from the layers' texts (plan_json.py: the same digest as the whole body's)."""
+        plan = cls.__new__(cls)
+        plan.__dict__.update(version=PLAN_VERSION, **fields)
+        check_rule(plan.saliency)
+        plan.hash = plan_digest({k: v for k, v in plan._body().items() if k != "layers"}, layer_texts)
+        return plan
 
     @classmethod
     def load(cls, path, model=None) -> "Plan":
@@ -241,11 +253,18 @@ def _memo(profile, key, make):
     return memo[key]
 
 
-def _tiers(counts, chunk, spec, k):
+def _tiers(counts, chunk, spec, k, need=None):
     assign = assign_tiers(counts, chunk, spec.top_k, spec.n_experts, tiers=k.tiers, percentile=k.percentile,
                           align=k.align, min_capacity=k.min_capacity, multipliers=k.multipliers, rule=k.capacity_rule,
-                          uniform_slack=k.uniform_slack, top_fraction=k.top_fraction)
+                          uniform_slack=k.uniform_slack, top_fraction=k.top_fraction, need=need)
     return assign, expected_kept_tokens(assign, counts)
+
+
+def _layer_pieces(lp: dict) -> LayerPieces:
+    """A layer's JSON pieces, made once per plan part (the layers built from it share its content but residency):
+    the layer is checked here, as Plan's own construction checks a loaded one."""
+    _check_layer(lp)
+    return LayerPieces(lp)
 
 
 def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs | dict | None = None,
@@ -273,7 +292,7 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
     limit = getattr(npu, "graph_limit_bytes", None)
     max_dim = getattr(npu, "max_dim", None)
     weight_size = getattr(npu, "weight_bytes", None) or k.dtype_bytes    # what the NPU graph stores per weight
-    layers, all_groups, flags, budgeted = [], [], [], []
+    layers, all_groups, flags, budgeted, piece_keys = [], [], [], [], []
     for spec in specs:
         if spec.layer not in profile.layers:
             raise NpuMoeError(f"MoE layer {spec.layer} is not in the calibration profile (layers {profile.layers}); "
@@ -289,7 +308,10 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
                      k.uniform_slack, k.top_fraction)
         # tiers and groups depend on the counts and these knobs only: plans of several variants and platforms
         # from one profile (a simulation's grid) share them
-        assign, kept = _memo(profile, ("tiers", shape, tier_args), lambda: _tiers(counts, profile.chunk, spec, k))
+        # the percentile need (a sort per expert) is the same for every tier count: kept apart from the tiers
+        need = (_memo(profile, ("need", shape, k.percentile), lambda: percentile_need(counts, k.percentile))
+                if k.capacity_rule in ("tiered", "optimal") else None)
+        assign, kept = _memo(profile, ("tiers", shape, tier_args), lambda: _tiers(counts, profile.chunk, spec, k, need))
         group_args = (k.group_size, k.order, weight_size, limit, max_dim, k.strict)
         groups, notes = _memo(profile, ("groups", shape, tier_args, group_args), lambda: make_groups_with_notes(
             assign.tier, assign.capacity, kept, k.group_size, k.order,
@@ -300,8 +322,9 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
         thr = k.hot_threshold
         if residency == "threshold" and thr is None:
             thr = profile.chunk * spec.top_k / spec.n_experts
-        routed = counts.mean(axis=1)         # expected routed tokens per chunk per expert: the CPU's load
-        routed_ = routed.tolist()            # Python floats: the same sums, without a NumPy scalar per expert
+        # expected routed tokens per chunk per expert (the CPU's load), as Python floats: the same sums, without a
+        # NumPy scalar per expert
+        routed_ = _memo(profile, ("routed", shape), lambda: counts.mean(axis=1).tolist())
         loads = [float(routed_[g.experts[0]]) if len(g.experts) == 1 else float(sum(routed_[e] for e in g.experts))
                  for g in groups]             # one expert: its load (0 + x is x: loads are never -0.0)
         model = None
@@ -316,6 +339,7 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
             budgeted.append((model, layer_flags))
         flags += layer_flags
         all_groups += groups
+        piece_keys.append(("json", shape, tier_args, group_args))
         static = _memo(profile, ("entry", shape, tier_args, group_args), lambda: dict(
             capacity=assign.capacity.tolist(), tier=assign.tier.tolist(), tier_capacities=list(assign.tier_capacities),
             groups=[g.to_dict() | {"expected_tokens": round(g.expected_tokens, 4)} for g in groups],
@@ -341,12 +365,16 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
     for lp in layers:
         for g in lp["groups"]:
             g["resident"] = bool(next(flags))
+    texts = [_memo(profile, key, lambda: _layer_pieces(lp)).text([g["resident"] for g in lp["groups"]],
+                                                                 lp["hot_threshold"])
+             for lp, key in zip(layers, piece_keys)]
     meta = profile.meta
     stored = {n: v for n, v in k.as_dict().items() if n not in ("saliency", "renormalize")} | {"residency": residency}
-    return Plan(model_fingerprint=meta["model_fingerprint"], chunk=profile.chunk, saliency=k.saliency,
-                renormalize=bool(k.renormalize), platform=getattr(plat, "name", plat), knobs=stored, layers=layers,
-                calibration={n: meta.get(n) for n in ("workload", "n_tokens", "n_chunks", "created", "model", "dtype")},
-                limits=limits)
+    return Plan._built(texts, model_fingerprint=meta["model_fingerprint"], chunk=profile.chunk, saliency=k.saliency,
+                       renormalize=bool(k.renormalize), platform=getattr(plat, "name", plat), knobs=stored,
+                       layers=layers, limits=limits,
+                       calibration={n: meta.get(n) for n in ("workload", "n_tokens", "n_chunks", "created", "model",
+                                                             "dtype")})
 
 
 def _dtype_of(model) -> str | None:

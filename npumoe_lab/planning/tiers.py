@@ -116,8 +116,10 @@ def _optimal_capacities(needs_desc: list[int], tiers: int) -> list[int]:
 
 def assign_tiers(per_chunk_counts, chunk: int, top_k: int, n_experts: int, tiers: int = 3,
                  percentile: float = 90, align: int = 8, min_capacity: int = 8, multipliers=None,
-                 rule: str = "tiered", uniform_slack: int = 16, top_fraction: float = 0.25) -> TierAssignment:
-    """Static capacity per expert for one layer (see the module docstring for the rules)."""
+                 rule: str = "tiered", uniform_slack: int = 16, top_fraction: float = 0.25,
+                 need: np.ndarray | None = None) -> TierAssignment:
+    """Static capacity per expert for one layer (see the module docstring for the rules). `need`: the counts'
+    `percentile_need` at this percentile where the caller keeps it (plans over tier counts share one)."""
     counts = _check(per_chunk_counts, chunk, top_k, n_experts, percentile, align, min_capacity)
     if rule not in CAPACITY_RULES:
         raise NpuMoeError(f"unknown capacity rule {rule!r}; use one of: {', '.join(CAPACITY_RULES)}")
@@ -142,7 +144,7 @@ def assign_tiers(per_chunk_counts, chunk: int, top_k: int, n_experts: int, tiers
         tier = np.array([tc.index(c) for c in cap], dtype=np.int64)
         return TierAssignment(cap, tier, tc, need, rule, knobs)
 
-    need = percentile_need(counts, percentile)
+    need = percentile_need(counts, percentile) if need is None else need
     order = sorted(range(n_experts), key=lambda e: (-need[e], e))
     if rule == "optimal":
         caps = _optimal_capacities([fit(need[e]) for e in order], tiers)
