@@ -293,6 +293,12 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
     max_dim = getattr(npu, "max_dim", None)
     weight_size = getattr(npu, "weight_bytes", None) or k.dtype_bytes    # what the NPU graph stores per weight
     layers, all_groups, flags, budgeted, piece_keys = [], [], [], [], []
+    estimates = None
+    if residency == "cost":     # the devices' FFN estimates by shape, kept for equal devices (hashed once a plan)
+        try:
+            estimates = _memo(profile, ("estimates", plat.npu, plat.cpu), dict)
+        except (AttributeError, TypeError):       # a stand-in platform: estimates kept for this plan only
+            estimates = {}
     for spec in specs:
         if spec.layer not in profile.layers:
             raise NpuMoeError(f"MoE layer {spec.layer} is not in the calibration profile (layers {profile.layers}); "
@@ -334,7 +340,7 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
                                             weight_size), plat)
         layer_flags = assign_residency(groups, residency, thr, plat, spec, None, k.dtype_bytes, loads=loads,
                                        counts=counts, chunk=profile.chunk, npu_weight_bytes=weight_size,
-                                       makespan_model=model)
+                                       makespan_model=model, estimates=estimates)
         if model is not None:
             budgeted.append((model, layer_flags))
         flags += layer_flags

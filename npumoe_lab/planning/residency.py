@@ -122,12 +122,14 @@ def fit_budget(groups, resident: list[bool], budget_bytes: int | None) -> list[b
 def assign_residency(groups, mode: str = "threshold", hot_threshold: float | None = None, platform=None,
                      spec=None, npu_memory_budget_bytes: int | None = None, dtype_bytes: int = 2,
                      loads=None, counts=None, chunk: int | None = None, npu_weight_bytes: int | None = None,
-                     makespan_model=None) -> list[bool]:
+                     makespan_model=None, estimates: dict | None = None) -> list[bool]:
     """One flag per group (True = resident on the NPU, False = runs on the CPU). `loads` (cost mode): expected
     tokens per chunk each group would take on the CPU (the routed load: the CPU path drops nothing); default
     each group's expected kept tokens. `counts` [E, chunks] and `chunk` (makespan mode): the calibration's routed
     counts per expert and chunk, and the chunk length; `makespan_model`: their makespan.LayerMakespan when the
-    caller keeps it (build_plan: the program budget search reads the same one)."""
+    caller keeps it (build_plan: the program budget search reads the same one). `estimates` (cost mode): a dict
+    of the platform's FFN estimates by shape that the caller keeps for this platform's devices (build_plan: across
+    layers and plans); default one for this call."""
     if mode not in RESIDENCY_MODES:
         raise NpuMoeError(f"unknown residency mode {mode!r}; use one of: {', '.join(RESIDENCY_MODES)}")
     if mode == "makespan":
@@ -150,7 +152,7 @@ def assign_residency(groups, mode: str = "threshold", hot_threshold: float | Non
                               "MoELayerSpec; pass both or use mode='threshold'")
         if loads is not None and len(loads) != len(groups):
             raise NpuMoeError(f"residency 'cost' got {len(loads)} loads for {len(groups)} groups; pass one per group")
-        resident, memo = [], {}
+        resident, memo = [], ({} if estimates is None else estimates)
         for i, g in enumerate(groups):
             load = g.expected_tokens if loads is None else float(loads[i])
             npu, cpu = _group_times(g, platform, spec.hidden, spec.intermediate, dtype_bytes, load, memo)
