@@ -87,10 +87,14 @@ def with_torch_threads(fn):
     return wrapper
 
 
+def canonical_json(obj) -> str:
+    """A JSON-serialisable object's canonical text (sorted keys, no whitespace): what sha256_json hashes."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
 def sha256_json(obj) -> str:
     """Hash of a JSON-serialisable object in canonical form (sorted keys, no whitespace)."""
-    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()
-    return hashlib.sha256(blob).hexdigest()
+    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()
 
 
 @functools.lru_cache(maxsize=1)

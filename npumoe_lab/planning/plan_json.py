@@ -2,25 +2,21 @@
 
 A plan's hash is the SHA-256 of its canonical JSON (`utils.sha256_json`: sorted keys, no whitespace). A sweep
 builds thousands of plans whose layers repeat the same capacities, tiers and groups and differ only in which
-groups are resident; encoding each whole plan again was a tenth of a cold sweep cell. `build_plan` encodes a
-layer's shared part once (`LayerPieces`, kept with the plan parts it is made of) and joins the pieces; the text is
-the one `json.dumps` gives for the whole body, character for character (tests/planning/test_plan_json.py holds the
-two equal on every variant, residency rule and budget), so stored hashes keep their values. A plan made any other
-way (loaded, edited, made by hand) is hashed from its whole body, as before.
+groups are resident; encoding each whole plan again was 8 % of a cold sweep's profile samples. `build_plan`
+encodes a layer's shared part once (`LayerPieces`, kept with the plan parts it is made of) and joins the pieces;
+the text is the one `utils.canonical_json` gives for the whole body, character for character
+(tests/planning/test_plan_json.py holds the two equal on every variant, residency rule and budget), so stored
+hashes keep their values. A plan made any other way (loaded, edited, made by hand) is hashed from its whole body.
 """
 from __future__ import annotations
 
 import hashlib
-import json
+
+from npumoe_lab.utils import canonical_json as canonical
 
 # a layer's keys in canonical (sorted) order; build_plan writes exactly these
 LAYER_KEYS = ("capacity", "expected_drop_rate", "expected_padding", "groups", "hidden", "hot_threshold",
               "intermediate", "layer", "n_experts", "notes", "tier", "tier_capacities", "top_k")
-
-
-def canonical(obj) -> str:
-    """`utils.sha256_json`'s text of one value."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
 
 
 _RESIDENT = ('"resident":false', '"resident":true')
@@ -62,4 +58,4 @@ def plan_digest(head: dict, layer_texts: list[str]) -> str:
     return hashlib.sha256(("{" + ",".join(parts) + "}").encode()).hexdigest()
 
 
-__all__ = ["LayerPieces", "plan_digest", "canonical", "LAYER_KEYS"]
+__all__ = ["LayerPieces", "plan_digest", "LAYER_KEYS"]

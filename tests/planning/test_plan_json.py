@@ -6,10 +6,10 @@ import json
 import pytest
 
 from npumoe_lab.planning.plan import Plan, build_plan, variant_plan
-from npumoe_lab.planning.plan_json import LayerPieces, canonical
+from npumoe_lab.planning.plan_json import LayerPieces
 from npumoe_lab.sim.geometries import load_geometry
 from npumoe_lab.sim.run import _cached_source
-from npumoe_lab.utils import sha256_json
+from npumoe_lab.utils import canonical_json, sha256_json
 
 from tests.planning.test_plan import SPECS, profile  # noqa: F401 - the module's fixture
 
@@ -48,6 +48,6 @@ def test_pieces_give_the_layers_own_text(profile):  # noqa: F811
     for flags, thr in [([g["resident"] for g in lp["groups"]], None), ([True] * len(lp["groups"]), 2.25),
                        ([False] * len(lp["groups"]), 7)]:
         want = {**lp, "hot_threshold": thr, "groups": [{**g, "resident": f} for g, f in zip(lp["groups"], flags)]}
-        assert pieces.text(flags, thr) == canonical(want)
+        assert pieces.text(flags, thr) == canonical_json(want)
     with pytest.raises(ValueError, match="keys"):
         LayerPieces({**lp, "extra": 1})
