@@ -27,6 +27,7 @@ are NumPy arrays (the array path needs no torch; the per-op replay converts them
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,16 +97,10 @@ def sample_routing_np(shares, T: int, K: int, rng: np.random.Generator, perm=Non
     ~ shares (Gumbel top-k = sampling without replacement in proportion to the shares), weights = softmax over the
     drawn scores (renormalised top-k, as Qwen3 routes), highest first. `perm[r]` = the expert id of share rank r, so
     hot experts are not simply the lowest ids. NumPy: thousands of small draws per simulation, no thread-pool cost."""
-    logp = np.log(np.maximum(np.asarray(shares, dtype=np.float64), 1e-30)).astype(np.float32)
-    if perm is not None:
-        logp = logp[np.argsort(perm)]
-    u = rng.random((T, len(logp)), dtype=np.float32)
+    logp = _logp(shares, perm)
     # neg = -(logp + Gumbel(0, 1) noise) = log(-log u) - logp, in place (the same float32 values as negating the
     # scores: IEEE negation is exact): the K smallest are the K drawn experts
-    neg = np.maximum(u, np.float32(1e-30), out=u)
-    np.log(neg, out=neg)
-    np.negative(neg, out=neg)
-    np.log(neg, out=neg)
+    neg = _neg_gumbel(rng.random((T, len(logp)), dtype=np.float32))
     np.subtract(neg, logp, out=neg)
     idx, nv = smallest_k(neg, K)                    # the K smallest, ascending (= argpartition + stable sort)
     w = np.exp(nv[:, :1] - nv)                      # = exp(v - v_max) of the scores v = -nv
@@ -119,8 +114,34 @@ def sample_routing(shares, T: int, K: int, rng: np.random.Generator, perm=None):
     return torch.from_numpy(idx), torch.from_numpy(w)
 
 
+def _logp(shares, perm=None) -> np.ndarray:
+    logp = np.log(np.maximum(np.asarray(shares, dtype=np.float64), 1e-30)).astype(np.float32)
+    return logp if perm is None else logp[np.argsort(perm)]
+
+
+def _neg_gumbel(u: np.ndarray) -> np.ndarray:
+    """log(-log u) = minus a Gumbel(0, 1) draw per uniform, in place in `u` (float32)."""
+    neg = np.maximum(u, np.float32(1e-30), out=u)
+    np.log(neg, out=neg)
+    np.negative(neg, out=neg)
+    return np.log(neg, out=neg)
+
+
+@functools.lru_cache(maxsize=4)
+def _gini_noise(tokens: int, E: int, seed: int) -> np.ndarray:
+    """The noise sampled_gini's fresh generator draws: one per (tokens, E, seed), read-only. The Gini's bisection
+    (31 calls) and a source's per-layer Gini (one call per layer) draw the same noise each time."""
+    neg = _neg_gumbel(np.random.default_rng(seed).random((tokens, E), dtype=np.float32))
+    neg.flags.writeable = False
+    return neg
+
+
 def sampled_gini(shares, K: int, tokens: int = 4096, seed: int = 0) -> float:
-    idx, _ = sample_routing_np(shares, tokens, K, np.random.default_rng(seed))
+    """Gini of the per-expert counts of `tokens` tokens routed ~ shares (K distinct experts each) by a fresh
+    generator of `seed`: = sample_routing_np(shares, tokens, K, default_rng(seed)) counted, bit for bit (the same
+    noise, the same float32 subtraction; the weights are not needed)."""
+    neg = np.subtract(_gini_noise(tokens, len(shares), seed), _logp(shares))
+    idx, _ = smallest_k(neg, K)
     return gini(np.bincount(idx.reshape(-1), minlength=len(shares)))
 
 
