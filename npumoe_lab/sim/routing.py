@@ -27,7 +27,6 @@ are NumPy arrays (the array path needs no torch; the per-op replay converts them
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,21 +126,18 @@ def _neg_gumbel(u: np.ndarray) -> np.ndarray:
     return np.log(neg, out=neg)
 
 
-@functools.lru_cache(maxsize=4)
 def _gini_noise(tokens: int, E: int, seed: int) -> np.ndarray:
-    """The noise sampled_gini's fresh generator draws: one per (tokens, E, seed), read-only. The Gini's bisection
-    (31 calls) and a source's per-layer Gini (one call per layer) draw the same noise each time."""
-    neg = _neg_gumbel(np.random.default_rng(seed).random((tokens, E), dtype=np.float32))
-    neg.flags.writeable = False
-    return neg
+    """What a fresh generator of `seed` draws in sample_routing_np for `tokens` x `E`: log(-log u) per uniform."""
+    return _neg_gumbel(np.random.default_rng(seed).random((tokens, E), dtype=np.float32))
 
 
-def sampled_gini(shares, K: int, tokens: int = 4096, seed: int = 0) -> float:
+def sampled_gini(shares, K: int, tokens: int = 4096, seed: int = 0, noise: np.ndarray | None = None) -> float:
     """Gini of the per-expert counts of `tokens` tokens routed ~ shares (K distinct experts each) by a fresh
     generator of `seed`: = sample_routing_np(shares, tokens, K, default_rng(seed)) counted, bit for bit (the same
-    noise, the same float32 subtraction; the weights are not needed)."""
-    neg = np.subtract(_gini_noise(tokens, len(shares), seed), _logp(shares))
-    idx, _ = smallest_k(neg, K)
+    noise, the same float32 subtraction; the weights are not needed). `noise`: `_gini_noise(tokens, E, seed)` where
+    the caller draws it once for many shares (zipf_for_gini's bisection)."""
+    noise = _gini_noise(tokens, len(shares), seed) if noise is None else noise
+    idx, _ = smallest_k(np.subtract(noise, _logp(shares)), K)
     return gini(np.bincount(idx.reshape(-1), minlength=len(shares)))
 
 
@@ -151,8 +147,10 @@ def zipf_shares(E: int, s: float) -> np.ndarray:
 
 
 def zipf_for_gini(E: int, K: int, target: float, seed: int = 0) -> float:
-    """Zipf exponent whose sampled counts (K distinct experts per token) have Gini `target` (bisection)."""
-    hi_gini = sampled_gini(zipf_shares(E, 12.0), K, seed=seed)
+    """Zipf exponent whose sampled counts (K distinct experts per token) have Gini `target` (bisection; every step
+    counts the same 4096 tokens' noise, drawn once)."""
+    noise = _gini_noise(4096, E, seed)
+    hi_gini = sampled_gini(zipf_shares(E, 12.0), K, seed=seed, noise=noise)
     if not 0 < target < 1:
         raise NpuMoeError(f"gini={target} is outside (0, 1); give e.g. synthetic:gini=0.6")
     if target >= hi_gini:
@@ -161,7 +159,7 @@ def zipf_for_gini(E: int, K: int, target: float, seed: int = 0) -> float:
     lo, hi = 0.0, 12.0
     for _ in range(30):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if sampled_gini(zipf_shares(E, mid), K, seed=seed) < target else (lo, mid)
+        lo, hi = (mid, hi) if sampled_gini(zipf_shares(E, mid), K, seed=seed, noise=noise) < target else (lo, mid)
     return (lo + hi) / 2
 
 
