@@ -44,6 +44,9 @@ def register_cli(sub):
     p = sub.choices["validate-device"]
     p.add_argument("--runs", default=None, help="a folder of `run --platform cpu --timeline` results: re-price "
                                                 "every measured row's op stream with the fitted host model")
+    p.add_argument("--no-speed-anchor", action="store_true",
+                   help="with --runs: compare the fit's price as is, not scaled by the speed anchor's reading at the "
+                        "run over the fit rows' (the default scales; the table always shows both errors)")
     p.set_defaults(func=_cli)
 
 
@@ -52,7 +55,7 @@ def _cli(a) -> int:
     from npumoe_lab.devices.cpu_fit import is_host_fit, validate_host_rows
     from npumoe_lab.experiments.validate_runs import report, validate_runs_by_kind, write_validation
     if a.runs is not None:
-        df, by_kind = validate_runs_by_kind(a.platform, a.runs)
+        df, by_kind = validate_runs_by_kind(a.platform, a.runs, use_anchor=not a.no_speed_anchor)
         path = write_validation(df, a.out, a.platform, a.runs, by_kind)
         print(report(df, a.platform, a.runs) + f"\nwritten {path}, runs_validation.csv and runs_by_op_kind.csv "
               "(each run's modeled minus measured seconds per op kind)")

@@ -141,6 +141,8 @@ def fit_host(df, source: str = "", include_busy: bool = False, dtype: str | None
         {"sigma_log": float("nan"), "n_prefills": 0, "folds": [], "median_abs_err": float("nan")}
     probes = pd.to_numeric(quiet["host_probe_s"], errors="coerce").dropna() if "host_probe_s" in quiet else []
     res["probe_s"] = float(np.median(probes)) if len(probes) else None      # the host's speed (hostspeed.py)
+    anchors = pd.to_numeric(quiet["host_anchor_s"], errors="coerce").dropna() if "host_anchor_s" in quiet else []
+    res["anchor_s"] = float(np.median(anchors)) if len(anchors) else None   # the speed anchor the fit prices at
     res.update(chip=str(quiet["chip"].iloc[0]), rows_used=list(quiet["id"]), dtype=dtype,
                n_busy_skipped=0 if include_busy else int(len(busy)), n_busy_used=int(len(busy)) if include_busy else 0)
     return res
@@ -188,6 +190,8 @@ def _fit_summary(res: dict, measurements: str, stamp: str) -> dict:
             "rms_log": res["rms_log"], "torch_threads": res.get("threads"),
             # median host speed probe over the rows used: shown beside each run's (a reading, not a rule: hostspeed.py)
             "probe_s": res.get("probe_s"),
+            # median speed anchor over the rows used: a run's price is scaled by its anchor over this (hostspeed.py)
+            "anchor_s": res.get("anchor_s"),
             # the predictive uncertainty of a whole prefill (validate-device --runs): posterior x CV noise
             "posterior_cov_log": [[float(v) for v in row] for row in np.asarray(res["cov_log"])],
             "posterior": "Laplace (Gauss-Newton) approximation at the least-squares optimum, log parameters",
@@ -297,7 +301,7 @@ def load_host_uncertainty(path, dtype: str | None = None) -> dict | None:
     sigma = summ.get("cv_sigma_log")
     return {"free": list(summ["free_parameters"]), "cov_log": np.asarray(summ["posterior_cov_log"], float),
             "sigma_log": float(sigma) if sigma is not None and np.isfinite(sigma) else 0.0,
-            "threads": summ.get("torch_threads"), "probe_s": summ.get("probe_s")}
+            "threads": summ.get("torch_threads"), "probe_s": summ.get("probe_s"), "anchor_s": summ.get("anchor_s")}
 
 
 def measured_threads(measurements) -> int | None:

@@ -21,7 +21,7 @@ import warnings
 
 import numpy as np
 
-from npumoe_lab.devices.hostspeed import probe_s
+from npumoe_lab.devices.hostspeed import anchor_s, probe_s
 from npumoe_lab.errors import NpuMoeWarning
 
 # Limits of a quiet host. Others' CPU: more than a quarter of a core on average during the measured calls is
@@ -58,10 +58,13 @@ class HostLoad:
         self.load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         self.n_cpus = psutil.cpu_count() or 1
         self.probes: list[float] = []            # hostspeed.probe_s before each repeat (untimed, outside blocks)
+        self.anchors: list[float] = []           # hostspeed.anchor_s beside it
 
     def probe(self) -> float:
-        """Time the host speed probe (hostspeed.py) now, between measured blocks, and keep it."""
+        """Time the host speed probe and the speed anchor (hostspeed.py) now, between measured blocks, and keep
+        both; returns the probe."""
         self.probes.append(probe_s())
+        self.anchors.append(anchor_s())
         return self.probes[-1]
 
     def _snapshot(self):
@@ -121,7 +124,9 @@ class HostLoad:
         if t.size >= 3 and med > 0 and iqr / med > IQR_LIMIT:
             reasons.append(f"TTFT IQR {iqr / med:.0%} of the median")
         probe = float(np.median(self.probes)) if self.probes else float("nan")
+        anchor = float(np.median(self.anchors)) if self.anchors else float("nan")
         return dict(host_load1=self.load1, host_other_cores=other, host_steal_frac=steal, host_probe_s=probe,
+                    host_anchor_s=anchor,
                     ttft_median_s=med, ttft_iqr_s=iqr, n_repeats=int(t.size),
                     host_busy=bool(reasons), host_busy_reason="; ".join(reasons))
 

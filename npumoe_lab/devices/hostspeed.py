@@ -18,6 +18,18 @@ on the fit rows themselves the 1,368 it had flagged (of 7,088 with a low IQR) ha
 rest (+2.5 % vs +2.4 %): the probe moves with the process's state, not with the host's speed for a prefill. So the
 rule went, a change made after reading draw 4's errors (said there; draw 4 is spent). The probe times the host,
 never the model: it is never a fit input and never rescales a measured time.
+
+The speed anchor (`anchor_s`): one fixed short prefill of the tiny geometry, ~65 ms. A development study on the
+2-core EPYC VM, 2026-12-06 (docs/CPU_LOOP.md, "The speed anchor"; fresh timings, neither fit rows nor held-out
+runs) timed the probe, 20 bf16 GEMMs, the anchor and four other prefills (bf16 and fp32; HF, static, one-expert
+and dropless experts; 512-1,024 tokens) in rotation for 7 minutes. The prefills' speed moved in spells of about a
+minute, 30-s medians from 0.79x to 1.19x of the whole run's; the anchor followed every prefill (30-s medians
+correlated 0.96-0.98, the residual of log(prefill / anchor) sd 0.023-0.027 against 0.084-0.114 unscaled), the GEMMs
+barely moved (1.10x range), and the probe moved against the prefills (correlation -0.57 to -0.74). So
+`measure` and `run` time the anchor beside the probe (host_anchor_s), the fit keeps its rows' median, and
+validate-device --runs multiplies a fit's price by the run's anchor over the fit's (`anchor_factor`): the host's
+speed at the run is measured, the model prices the op stream at the fit's. A change of the loop's structure made
+after reading held-out errors of earlier draws (said in docs/CPU_LOOP.md; it is judged on a fresh seed).
 """
 from __future__ import annotations
 
@@ -56,6 +68,59 @@ def probe_s(repeats: int = 3) -> float:
     return float(np.median(times))
 
 
+ANCHOR_TOKENS, ANCHOR_CHUNK = 256, 128
+
+
+def _anchor_model():
+    """The anchor's model, built once per process: the tiny geometry at the bundled model's depth, random seeded
+    weights in this CPU's fast dtype, HF's eager experts (imports here: devices/ does not need models otherwise)."""
+    if "anchor" not in _STATE:
+        import torch
+        from npumoe_lab.core.cpu_features import resolve_dtype
+        from npumoe_lab.devices import get_platform
+        from npumoe_lab.execution.runtime import PrefillConfig, run_prefill
+        from npumoe_lab.experiments.geometry_model import random_ids, random_model
+        from npumoe_lab.experiments.measure import bundled_depth
+        model = random_model("tiny", bundled_depth(), resolve_dtype("auto"), seed=0)
+        model.set_experts_implementation("eager")
+        ids = random_ids(model.config.vocab_size, ANCHOR_TOKENS, seed=0)
+        config = PrefillConfig(get_platform("cpu"), ANCHOR_CHUNK, attention="cpu")
+        with torch.inference_mode():
+            run_prefill(model, ids[:, :ANCHOR_CHUNK], config, measure_hf_experts=True)     # untimed warm-up
+        _STATE["anchor"] = (model, ids, config, run_prefill)
+    return _STATE["anchor"]
+
+
+def anchor_s() -> float:
+    """Seconds of the speed anchor: one fixed prefill of the tiny geometry (256 tokens in chunks of 128, HF eager
+    experts, random weights, this CPU's fast dtype; ~65 ms on the 2-core EPYC), by the engine's clock."""
+    import torch
+    model, ids, config, run_prefill = _anchor_model()
+    with torch.inference_mode():
+        return float(run_prefill(model, ids, config, measure_hf_experts=True).summary["ttft_s"])
+
+
+GEOMETRY_FIELDS = ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_experts", "num_local_experts",
+                   "num_experts_per_tok", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")
+
+
+def geometry_key(config) -> tuple:
+    """What makes two models' prefills the same kind of work, layer count and weights apart."""
+    return tuple(getattr(config, f, None) for f in GEOMETRY_FIELDS)
+
+
+def is_anchor_geometry(config) -> bool:
+    """Whether a model of `config` has the anchor's geometry (the tiny one): only such runs are scaled by it."""
+    return geometry_key(config) == geometry_key(_anchor_model()[0].config)
+
+
+def anchor_factor(run_anchor, fit_anchor) -> float:
+    """How much slower (> 1) the host ran a prefill at a run's anchor reading than at the fit rows' median: the
+    factor a fit's price is multiplied by (1.0 when either reading is missing, e.g. a fit from before anchors)."""
+    ok = all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in (run_anchor, fit_anchor))
+    return float(run_anchor / fit_anchor) if ok else 1.0
+
+
 def speed_note(probe: float, reference: float, limit: float = PROBE_LIMIT, against: str = "when fitted") -> str:
     """'' when `probe` is within `limit` of `reference` (or either is unknown), else how far off it is (`against`:
     what the reference was taken at). Shown beside a run; it does not decide whether the run counts."""
@@ -69,4 +134,5 @@ def speed_note(probe: float, reference: float, limit: float = PROBE_LIMIT, again
             f"{reference * 1e3:.2f} ms)")
 
 
-__all__ = ["PROBE_LIMIT", "probe_s", "speed_note"]
+__all__ = ["PROBE_LIMIT", "probe_s", "speed_note", "anchor_s", "anchor_factor", "ANCHOR_TOKENS", "ANCHOR_CHUNK",
+           "geometry_key", "is_anchor_geometry"]

@@ -34,7 +34,8 @@ CHIPS = ("m1", "m1-pro", "m1-max", "m1-ultra", "m2", "m2-pro", "m2-max", "m2-ult
 HOST_CHIP = re.compile(r"^host-[a-z0-9][a-z0-9_.-]*$")      # this machine: host-<host profile key>
 REQUIRED = ("id", "chip", "device", "path", "kind", "work", "measured_s", "source", "confidence", "role")
 # host rows (`npumoe-lab measure`, experiments/measure.py) also say how busy the host was and how spread the repeats
-HOST_FIELDS = ("host_busy", "host_busy_reason", "host_other_cores", "host_probe_s", "iqr_s", "repeats")
+HOST_FIELDS = ("host_busy", "host_busy_reason", "host_other_cores", "host_probe_s", "host_anchor_s", "iqr_s",
+               "repeats")
 OPTIONAL = ("power_w", "energy_j", "note", "covers") + HOST_FIELDS
 # op-level host rows add the engine op they time: work.op (ops.OP_KINDS) and work.cost (its recorded OpCost)
 OP_WORK = ("op", "cost")
@@ -42,7 +43,7 @@ GEMM_WORK = ("gemms", "act_gemms", "weight_format", "calls", "activation_elems",
 FORWARD_WORK = ("geometry", "rows", "context", "calls", "layers", "weight_format", "lm_head", "gemms", "streams",
                 "weight_passes") + OP_WORK
 COLUMNS = ("id", "file", "chip", "device", "path", "kind", "role", "confidence", "measured_s", "power_w", "energy_j",
-           "work", "source_ref", "source_read", "covers", "note", "host_busy", "host_probe_s")
+           "work", "source_ref", "source_read", "covers", "note", "host_busy", "host_probe_s", "host_anchor_s")
 
 
 # libyaml's C loader where PyYAML has it (the same documents, ~10x faster on measure's 10k-row files), else Python's
@@ -173,16 +174,19 @@ def check_row(row: dict, where: str) -> dict:
                                                                            for k in src)):
         raise NpuMoeError(f"{where}: source must be {{ref: repository/path or URL, read: what was read there}}")
     _check_work(row["work"], row["kind"], where)
-    probe = row.get("host_probe_s")
-    if probe is not None and not (_positive(probe) or (isinstance(probe, float) and math.isnan(probe))):
-        raise NpuMoeError(f"{where}: host_probe_s must be the host speed probe's seconds (a positive number)")
+    probe, anchor = row.get("host_probe_s"), row.get("host_anchor_s")
+    for name, v in (("host_probe_s", probe), ("host_anchor_s", anchor)):
+        if v is not None and not (_positive(v) or (isinstance(v, float) and math.isnan(v))):
+            raise NpuMoeError(f"{where}: {name} must be the host speed {'probe' if name == 'host_probe_s' else 'anchor'}"
+                              "'s seconds (a positive number)")
     return {"id": row["id"], "chip": row["chip"], "device": row["device"], "path": row["path"], "kind": row["kind"],
             "role": row["role"], "confidence": row["confidence"], "measured_s": float(ms) if ms is not None else None,
             "power_w": None if pw is None else float(pw),
             "energy_j": None if row.get("energy_j") is None else float(row["energy_j"]), "work": row["work"],
             "source_ref": src["ref"], "source_read": src["read"], "covers": row.get("covers", ""),
             "note": row.get("note", ""), "host_busy": bool(row.get("host_busy", False)),
-            "host_probe_s": None if probe is None else float(probe)}
+            "host_probe_s": None if probe is None else float(probe),
+            "host_anchor_s": None if anchor is None else float(anchor)}
 
 
 def _files(path_or_dir) -> list[Path]:

@@ -116,6 +116,7 @@ def _row(rid, op, times, load, device, geometry, dtype_name, extra_work=None, no
             "confidence": "L" if host["host_busy"] else "H", "role": "fit",
             "host_busy": bool(host["host_busy"]), "host_busy_reason": host["host_busy_reason"],
             "host_other_cores": float(host["host_other_cores"]), "host_probe_s": float(host["host_probe_s"]),
+            "host_anchor_s": float(host["host_anchor_s"]),
             "note": note}
 
 

@@ -17,7 +17,7 @@ from npumoe_lab.execution.calibrate import calibration_profile
 from npumoe_lab.core.cpu_features import resolve_dtype, row_fields
 from npumoe_lab.devices import as_platform
 from npumoe_lab.devices.hostload import HostLoad, warn_if_busy
-from npumoe_lab.devices.hostspeed import probe_s
+from npumoe_lab.devices.hostspeed import anchor_s, is_anchor_geometry, probe_s
 from npumoe_lab.execution.drift import DriftMonitor
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.experts import attach, detach, dropless_executor, set_executor
@@ -233,6 +233,10 @@ class _Run:
                     p.load.probes.append(t)
             for i, s in enumerate(self.samples):
                 ids = torch.tensor([s.input_ids])
+                if measured:            # the speed anchor before each sample's prefills (validate-device scales by it)
+                    a = anchor_s()
+                    for p in measured:
+                        p.load.anchors.append(a)
                 for p in prepared:
                     v, config, prior = p.variant, p.config, p.prior
                     if share_numerics and not config.measured and (prior or r > 0):   # numerics ran already
@@ -294,6 +298,8 @@ class _Run:
             exact = paired_exact(accdf["ref_score"], accdf["score"])
             ttfts = [pd.DataFrame(reps_r)["ttft_s"].mean() for reps_r in p.per_rep]
             host = p.load.columns(ttfts) if plat.kind == "measured" else {}
+            if host:                  # validate-device --runs scales only runs of the anchor's geometry by it
+                host["anchor_geometry"] = is_anchor_geometry(self.model.config)
             for r, reps_r in enumerate(p.per_rep):
                 m = pd.DataFrame(reps_r)
                 row = dict(model=self.name, workload=workload, variant=v.name, platform=plat.label,

@@ -7,8 +7,12 @@ parameters from cpu-fit.yaml) prices each op; on the cpu platform both roles sha
 a prefill's modeled TTFT is the sum of its ops. Per result row the modeled TTFT is the mean over samples (the row's
 ttft_s is the mean over samples of one repeat) and is compared with the row's median over repeats
 (ttft_median_s). Rows flagged host_busy and runs at another torch thread count than the fit's rows are excluded
-from the statistics and counted. A run's host speed probe (hostspeed.py) is shown beside the fit rows' median
-(`host_speed_note`): a reading, not a rule (the rule it was, and why it went: hostspeed.py).
+from the statistics and counted. The fit's price is scaled by the speed factor: the speed anchor's median reading
+over the run's repeats divided by its median over the fit rows, for runs of the anchor's geometry (the tiny one,
+`anchor_geometry`; hostspeed.py: the speed of its prefills moves by 20-40 % over minutes on these VMs and the anchor
+follows it, while the Qwen3 geometry's GEMM-bound prefills barely move and the anchor would only add noise to
+them); `fit_price_s` / `unanchored_abs_err` keep the unscaled price. A run's host speed probe is shown beside the fit rows' median (`host_speed_note`): a reading, not a
+rule (the rule it was, and why it went: hostspeed.py).
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from scipy.stats import norm
 
 from npumoe_lab.devices import cpu_model
 from npumoe_lab.devices.cpu_fit import load_host_model, load_host_uncertainty
-from npumoe_lab.devices.hostspeed import PROBE_LIMIT, speed_note
+from npumoe_lab.devices.hostspeed import PROBE_LIMIT, anchor_factor, speed_note
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.results.atomic import atomic_open
 from npumoe_lab.results.store import normalize
@@ -113,9 +117,9 @@ def _dtype(g) -> str | None:
     return str(g["dtype"].iloc[0]) if "dtype" in g and pd.notna(g["dtype"].iloc[0]) else None
 
 
-def validate_runs_by_kind(platform_path, runs_dir) -> tuple:
+def validate_runs_by_kind(platform_path, runs_dir, use_anchor: bool = True) -> tuple:
     """(validate_runs' table, op_kind_errors' table) from one pass over the runs (each timeline read and priced
-    once)."""
+    once). `use_anchor=False`: the fit's price as is (speed_factor 1), for the comparison."""
     load_host_model(platform_path)                         # one clear error before any work
     out, kinds = [], []
     for d, key, g, sampled in _measured_groups(runs_dir):
@@ -123,7 +127,12 @@ def validate_runs_by_kind(platform_path, runs_dir) -> tuple:
         dtype = _dtype(g)
         params = load_host_model(platform_path, dtype)
         unc = load_host_uncertainty(platform_path, dtype)
-        pred, lo, hi = ttft_interval(params, unc, per_sample)
+        price, lo, hi = ttft_interval(params, unc, per_sample)
+        # the host's speed at the run vs at the fit rows (hostspeed.py's anchor): the fit's price scaled by it
+        anchor = float(g["host_anchor_s"].median()) if "host_anchor_s" in g else float("nan")
+        same = bool(g["anchor_geometry"].eq(True).all()) if "anchor_geometry" in g else False
+        factor = anchor_factor(anchor, (unc or {}).get("anchor_s")) if use_anchor and same else 1.0
+        pred, lo, hi = price * factor, lo * factor, hi * factor
         measured = _measured_ttft(g)
         busy = bool(g["host_busy"].any()) if "host_busy" in g else False
         # a fit prices the thread count it was measured at: a run at another is not comparable (not counted)
@@ -140,20 +149,25 @@ def validate_runs_by_kind(platform_path, runs_dir) -> tuple:
                         if "workload" in g else "", measured_ttft_s=measured, modeled_ttft_s=pred,
                         modeled_ttft_lo_s=lo, modeled_ttft_hi_s=hi, covered=bool(lo <= measured <= hi),
                         ratio=pred / measured, abs_err=abs(pred / measured - 1), host_busy=busy,
+                        fit_price_s=price, speed_factor=factor, host_anchor_s=anchor,
+                        fit_anchor_s=(unc or {}).get("anchor_s") or float("nan"),
+                        unanchored_abs_err=abs(price / measured - 1),
                         host_busy_reason=why, host_probe_s=probe,
                         fit_probe_s=(unc or {}).get("probe_s") or float("nan"), host_speed_note=speed,
                         counted=not busy and not other_threads, n_samples=len(per_sample),
                         run_dir=str(d)))
-        kinds += _kind_rows(params, sampled, measured, dict(ident, run_dir=str(d), measured_ttft_s=measured))
+        kinds += _kind_rows(params, sampled, measured, dict(ident, run_dir=str(d), measured_ttft_s=measured), factor)
     if not out:
         raise NpuMoeError(f"no measured result rows under {runs_dir}; run `npumoe-lab run --platform cpu --timeline`")
     return pd.DataFrame(out), pd.DataFrame(kinds)
 
 
-def validate_runs(platform_path, runs_dir) -> pd.DataFrame:
+def validate_runs(platform_path, runs_dir, use_anchor: bool = True) -> pd.DataFrame:
     """One row per measured result row group: measured and modeled TTFT (with its 90 % interval), their ratio,
-    whether it counts. Each run is priced with the fit of its own dtype (measure --dtype)."""
-    return validate_runs_by_kind(platform_path, runs_dir)[0]
+    whether it counts. Each run is priced with the fit of its own dtype (measure --dtype), scaled by the speed
+    anchor's reading at the run over the fit rows' (`speed_factor`; `fit_price_s` is the unscaled price and
+    `unanchored_abs_err` its error)."""
+    return validate_runs_by_kind(platform_path, runs_dir, use_anchor)[0]
 
 
 def op_kind_errors(platform_path, runs_dir) -> pd.DataFrame:
@@ -168,11 +182,12 @@ def op_kind_errors(platform_path, runs_dir) -> pd.DataFrame:
     return validate_runs_by_kind(platform_path, runs_dir)[1]
 
 
-def _kind_rows(params: dict, sampled: list, measured_ttft: float, base: dict) -> list:
-    """op_kind_errors' rows of one row group (its samples' timelines and op records)."""
+def _kind_rows(params: dict, sampled: list, measured_ttft: float, base: dict, factor: float = 1.0) -> list:
+    """op_kind_errors' rows of one row group (its samples' timelines and op records; modeled x the speed factor)."""
     per = pd.concat([pd.DataFrame({"kind": tl["kind"].astype(str).to_numpy(),
                                    "measured_s": tl["duration_s"].to_numpy(dtype=float),
-                                   "modeled_s": cpu_model.price_many(params, ops)}) for ops, tl in sampled])
+                                   "modeled_s": factor * cpu_model.price_many(params, ops)})
+                     for ops, tl in sampled])
     by = per.groupby("kind")[["measured_s", "modeled_s"]].sum() / len(sampled)
     by.loc["(TTFT - ops)"] = [measured_ttft - by["measured_s"].sum(), 0.0]
     return [dict(base, kind=k, measured_s=float(r.measured_s), modeled_s=float(r.modeled_s),
@@ -189,7 +204,12 @@ def summary(df: pd.DataFrame) -> dict:
             "coverage": float(cov.mean()) if len(c) and has_iv else float("nan"),
             "n_covered": int(cov.sum()) if has_iv else 0,
             "median_width": float((c["modeled_ttft_hi_s"] / c["modeled_ttft_lo_s"]).median()) if len(c) and has_iv
-            else float("nan"), **_speed_split(c)}
+            else float("nan"), **_speed_split(c),
+            "median_abs_err_unanchored": float(c["unanchored_abs_err"].median())
+            if len(c) and "unanchored_abs_err" in c else float("nan"),
+            "worst_abs_err_unanchored": float(c["unanchored_abs_err"].max())
+            if len(c) and "unanchored_abs_err" in c else float("nan"),
+            "anchored": bool("speed_factor" in c and (c["speed_factor"] != 1.0).any())}
 
 
 def _speed_split(c: pd.DataFrame) -> dict:
@@ -214,15 +234,23 @@ def _probe_cell(r) -> str:
     return f"{ms(r.host_probe_s)} vs {ms(r.fit_probe_s)}"
 
 
+def _anchor_cell(r) -> str:
+    """The speed factor the fit's price was scaled by: the run's anchor over the fit rows' (ms, measured)."""
+    ms = lambda v: f"{v * 1e3:.1f}" if np.isfinite(v) else "-"     # noqa: E731
+    a, f = getattr(r, "host_anchor_s", float("nan")), getattr(r, "fit_anchor_s", float("nan"))
+    return f"{getattr(r, 'speed_factor', 1.0):.3f} ({ms(a)} / {ms(f)})"
+
+
 def table_lines(df: pd.DataFrame) -> list:
     lines = ["| model | workload | variant | dtype | prompt | chunk | measured TTFT (s) | modeled TTFT (s) [90 %] | "
-             "error | inside | counted | host probe, run vs fit (ms, measured) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "error | inside | counted | host probe, run vs fit (ms, measured) | speed factor (anchor run / fit, ms, "
+             "measured) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in df.itertuples():
         iv = f" [{r.modeled_ttft_lo_s:.4f}, {r.modeled_ttft_hi_s:.4f}]" if np.isfinite(r.modeled_ttft_lo_s) else ""
         lines.append(f"| {r.model} | {r.workload} | {r.variant} | {r.dtype} | {r.prompt_len} | {r.chunk} | "
                      f"{r.measured_ttft_s:.4f} | {r.modeled_ttft_s:.4f}{iv} | {100 * (r.ratio - 1):+.1f} % | "
                      f"{'yes' if r.covered else 'no'} | {'yes' if r.counted else 'no: ' + r.host_busy_reason} | "
-                     f"{_probe_cell(r)} |")
+                     f"{_probe_cell(r)} | {_anchor_cell(r)} |")
     return lines
 
 
@@ -235,7 +263,15 @@ def verdict(s: dict) -> str:
     return (f"Counted rows: {s['n_counted']} of {s['n_rows']} ({s['n_host_busy_excluded']} flagged host_busy, "
             f"excluded). Median |error| {100 * s['median_abs_err']:.1f} %, worst {100 * s['worst_abs_err']:.1f} % "
             f"(goal on a quiet host: <= 10 % and <= 25 %: {'met' if err_ok else 'NOT met'}). Measured TTFT "
-            f"inside the modeled 90 % interval: {cov}.{_speed_sentence(s)}")
+            f"inside the modeled 90 % interval: {cov}.{_anchor_sentence(s)}{_speed_sentence(s)}")
+
+
+def _anchor_sentence(s: dict) -> str:
+    if not s.get("anchored") or not np.isfinite(s.get("median_abs_err_unanchored", float("nan"))):
+        return ""
+    return (f" Modeled = the fit's price x the speed factor (the speed anchor at the run over the fit rows'); the "
+            f"fit's price alone: median |error| {100 * s['median_abs_err_unanchored']:.1f} %, worst "
+            f"{100 * s['worst_abs_err_unanchored']:.1f} %.")
 
 
 def _speed_sentence(s: dict) -> str:
@@ -255,8 +291,9 @@ def report(df: pd.DataFrame, platform_path, runs_dir) -> str:
     """RUNS_VALIDATION.md: the table (measured vs modeled TTFT with its interval) and the acceptance numbers."""
     lines = [f"# Held-out runs re-priced with {platform_path}", "",
              f"Runs: {runs_dir}. measured = the run's TTFT (median over repeats, MEASURED on this host); "
-             "modeled = the fitted host model's price of the same op stream (MODELED), with its 90 % interval "
-             "(the fit's Laplace posterior x its cross-validated whole-prefill noise).", "",
+             "modeled = the fitted host model's price of the same op stream (MODELED) x the speed factor (the "
+             "speed anchor's MEASURED reading at the run over the fit rows' median: hostspeed.py), with its 90 % "
+             "interval (the fit's Laplace posterior x its cross-validated whole-prefill noise).", "",
              *table_lines(df), "", verdict(summary(df))]
     return "\n".join(lines) + "\n"
 

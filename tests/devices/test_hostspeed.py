@@ -49,7 +49,7 @@ def test_a_run_at_another_host_speed_than_the_fit_is_shown_and_still_counted(tmp
     assert "host 24% slower than when fitted" in got.loc["reference", "host_speed_note"]
     assert got.loc["reference", "host_busy_reason"] == ""
     ref_line = next(line for line in table_lines(df) if "| reference |" in line)
-    assert ref_line.endswith("| yes | 12.50 vs 10.10 |")
+    assert ref_line.endswith("| yes | 12.50 vs 10.10 | 1.000 (- / -) |")
 
 
 def test_the_probe_survives_a_measurements_file_into_the_fit(tmp_path):
@@ -84,3 +84,73 @@ def test_the_verdict_says_how_many_runs_read_another_host_speed():
     assert "median |error| of the other 2: 3.0 %" in line and "stay counted" in line
     steady = summary(df.assign(host_speed_note=""))
     assert steady["n_speed_off"] == 0 and "host speed probe" not in verdict(steady)
+
+
+@pytest.mark.parametrize("run, fit, factor", [
+    (0.130, 0.065, 2.0), (0.052, 0.065, 0.8), (0.065, 0.065, 1.0),
+    (float("nan"), 0.065, 1.0), (0.1, None, 1.0), (0.0, 0.1, 1.0), (0.1, float("inf"), 1.0)])
+def test_anchor_factor_by_hand(run, fit, factor):
+    assert hostspeed.anchor_factor(run, fit) == pytest.approx(factor)
+
+
+def test_the_anchor_times_a_fixed_prefill_of_the_tiny_geometry():
+    from npumoe_lab.experiments.measure import bundled_depth
+    t = hostspeed.anchor_s()
+    model, ids, config, _ = hostspeed._STATE["anchor"]
+    assert model.config.num_hidden_layers == bundled_depth()
+    assert ids.shape == (1, hostspeed.ANCHOR_TOKENS) and config.chunk == hostspeed.ANCHOR_CHUNK
+    assert math.isfinite(t) and 1e-4 < t < 10.0
+    assert hostspeed._STATE["anchor"][0] is model                # built once: the next reading reuses it
+    hostspeed.anchor_s()
+    assert hostspeed._STATE["anchor"][0] is model
+
+
+def test_a_run_priced_at_the_fit_is_scaled_by_its_anchor_over_the_fits(tmp_path):
+    """The fit's price x (the run's anchor / the fit rows' median anchor), checked against a by-hand price of the op
+    stream; --no-speed-anchor (use_anchor=False) and a run without readings keep the price as is."""
+    from tests.devices.test_cpu_model import TRUE
+    from tests.devices.test_host_fit import _rows_df
+    from tests.experiments.test_validate_runs import fake_run
+    from npumoe_lab.experiments.validate_runs import summary, table_lines, validate_runs, verdict
+    df = _rows_df(tmp_path, {"bf16": TRUE})
+    df["host_anchor_s"] = [0.060 if i % 2 else 0.070 for i in range(len(df))]
+    res = cpu_fit.fit_host(df)
+    assert res["anchor_s"] == pytest.approx(float(pd.Series(df["host_anchor_s"]).median()))
+    path = cpu_fit.write_fit(res, tmp_path / "f", "m")
+    ref = cpu_fit.load_host_uncertainty(path)["anchor_s"]
+    runs, _ = fake_run(tmp_path, cpu_fit.load_host_model(path))
+    rows_file = next(runs.glob("rows-*.parquet"))
+    rows = pd.read_parquet(rows_file)
+    rows["host_busy"] = False
+    rows["host_anchor_s"] = [ref, ref, 1.3 * ref, 1.3 * ref]    # npumoe at the fit's speed; reference 30 % slower
+    rows["anchor_geometry"] = True
+    rows.to_parquet(rows_file)
+    got = validate_runs(path, runs).set_index("variant")
+    plain = validate_runs(path, runs, use_anchor=False).set_index("variant")
+    for v, factor in (("npumoe", 1.0), ("reference", 1.3)):
+        assert got.loc[v, "speed_factor"] == pytest.approx(factor)
+        assert got.loc[v, "fit_price_s"] == pytest.approx(plain.loc[v, "modeled_ttft_s"])
+        assert got.loc[v, "modeled_ttft_s"] == pytest.approx(factor * plain.loc[v, "modeled_ttft_s"])
+        assert got.loc[v, "modeled_ttft_lo_s"] == pytest.approx(factor * plain.loc[v, "modeled_ttft_lo_s"])
+        assert got.loc[v, "unanchored_abs_err"] == pytest.approx(plain.loc[v, "abs_err"])
+    assert (plain["speed_factor"] == 1.0).all()
+    s = summary(got.reset_index())
+    assert s["anchored"] and s["median_abs_err_unanchored"] == pytest.approx(plain["abs_err"].median())
+    assert "the fit's price alone: median |error|" in verdict(s)
+    assert "the fit's price alone" not in verdict(summary(plain.reset_index()))
+    assert next(line for line in table_lines(got.reset_index()) if "| reference |" in line).endswith(
+        f"| 1.300 ({1.3 * ref * 1e3:.1f} / {ref * 1e3:.1f}) |")
+    rows["anchor_geometry"] = [True, True, False, False]     # another geometry than the anchor's: not scaled
+    rows.to_parquet(rows_file)
+    other = validate_runs(path, runs).set_index("variant")
+    assert other.loc["reference", "speed_factor"] == 1.0
+    assert other.loc["reference", "modeled_ttft_s"] == pytest.approx(plain.loc["reference", "modeled_ttft_s"])
+
+
+def test_the_anchor_geometry_is_the_tiny_one():
+    from npumoe_lab.experiments.geometry_model import geometry_config
+    from npumoe_lab.models import load_model
+    tiny, qwen = (geometry_config(g, 1) for g in ("tiny", "qwen3-30b-a3b"))
+    assert hostspeed.is_anchor_geometry(load_model("tiny")[0].config)       # the bundled trained model too
+    assert hostspeed.is_anchor_geometry(tiny) and not hostspeed.is_anchor_geometry(qwen)
+    assert hostspeed.geometry_key(tiny) != hostspeed.geometry_key(qwen)
