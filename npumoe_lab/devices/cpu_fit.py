@@ -109,6 +109,35 @@ def cross_validated_sigma(ops, y, groups, res) -> dict:
             "median_abs_err": float(np.median(np.abs(np.expm1(errs)))) if errs else float("nan")}
 
 
+def anchor_tracking(rows) -> dict:
+    """How far a prefill of the anchor's geometry (tiny) follows the speed anchor, from `measure`'s own repeats: the
+    slope `beta` of log(prefill total) on log(anchor reading taken just before it), both centred within each
+    prefill, pooled over prefills (fit rows only; their first row carries prefill_reps_s / host_anchor_reps_s).
+    The anchor's reading noise attenuates the slope, which is what a predictor from a noisy reading should use:
+    validate-device --runs scales a price by (run's anchor / fit's) ** beta. NaN without such rows."""
+    if "prefill_reps_s" not in rows:
+        return {"beta": float("nan"), "beta_se": float("nan"), "n_prefills": 0}
+    xs, ys = [], []
+    for r in rows.itertuples():
+        t, a = r.prefill_reps_s, r.host_anchor_reps_s
+        geom = r.work.get("geometry") if isinstance(r.work, dict) else None
+        if not isinstance(t, list) or not isinstance(a, list) or len(t) < 3 or len(t) != len(a) or geom != "tiny":
+            continue
+        lt, la = np.log(t), np.log(a)
+        xs.append(la - la.mean())
+        ys.append(lt - lt.mean())
+    if not xs:
+        return {"beta": float("nan"), "beta_se": float("nan"), "n_prefills": 0}
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    sxx = float(x @ x)
+    if sxx <= 0:
+        return {"beta": float("nan"), "beta_se": float("nan"), "n_prefills": len(xs)}
+    beta = float(x @ y) / sxx
+    dof = max(len(x) - len(xs) - 1, 1)            # one mean per prefill, one slope
+    se = float(np.sqrt(float(np.sum((y - beta * x) ** 2)) / dof / sxx))
+    return {"beta": beta, "beta_se": se, "n_prefills": len(xs)}
+
+
 def fit_host(df, source: str = "", include_busy: bool = False, dtype: str | None = None, cv: bool = True) -> dict:
     """Fit the host model on the usable fit rows of ONE dtype (work.weight_format; None: the only one) of a
     measurements DataFrame; returns the fit (cpu_model.fit) plus the rows used, the host_busy rows skipped
@@ -143,6 +172,7 @@ def fit_host(df, source: str = "", include_busy: bool = False, dtype: str | None
     res["probe_s"] = float(np.median(probes)) if len(probes) else None      # the host's speed (hostspeed.py)
     anchors = pd.to_numeric(quiet["host_anchor_s"], errors="coerce").dropna() if "host_anchor_s" in quiet else []
     res["anchor_s"] = float(np.median(anchors)) if len(anchors) else None   # the speed anchor the fit prices at
+    res["anchor_tracking"] = anchor_tracking(quiet)
     res.update(chip=str(quiet["chip"].iloc[0]), rows_used=list(quiet["id"]), dtype=dtype,
                n_busy_skipped=0 if include_busy else int(len(busy)), n_busy_used=int(len(busy)) if include_busy else 0)
     return res
@@ -192,6 +222,10 @@ def _fit_summary(res: dict, measurements: str, stamp: str) -> dict:
             "probe_s": res.get("probe_s"),
             # median speed anchor over the rows used: a run's price is scaled by its anchor over this (hostspeed.py)
             "anchor_s": res.get("anchor_s"),
+            # how far a tiny-geometry prefill follows the anchor, from measure's repeats (anchor_tracking)
+            "anchor_beta": (res.get("anchor_tracking") or {}).get("beta"),
+            "anchor_beta_se": (res.get("anchor_tracking") or {}).get("beta_se"),
+            "anchor_beta_prefills": (res.get("anchor_tracking") or {}).get("n_prefills"),
             # the predictive uncertainty of a whole prefill (validate-device --runs): posterior x CV noise
             "posterior_cov_log": [[float(v) for v in row] for row in np.asarray(res["cov_log"])],
             "posterior": "Laplace (Gauss-Newton) approximation at the least-squares optimum, log parameters",
@@ -301,7 +335,8 @@ def load_host_uncertainty(path, dtype: str | None = None) -> dict | None:
     sigma = summ.get("cv_sigma_log")
     return {"free": list(summ["free_parameters"]), "cov_log": np.asarray(summ["posterior_cov_log"], float),
             "sigma_log": float(sigma) if sigma is not None and np.isfinite(sigma) else 0.0,
-            "threads": summ.get("torch_threads"), "probe_s": summ.get("probe_s"), "anchor_s": summ.get("anchor_s")}
+            "threads": summ.get("torch_threads"), "probe_s": summ.get("probe_s"), "anchor_s": summ.get("anchor_s"),
+            "anchor_beta": summ.get("anchor_beta")}
 
 
 def measured_threads(measurements) -> int | None:
@@ -313,6 +348,14 @@ def measured_threads(measurements) -> int | None:
         host = (yaml.safe_load(f.read_text()) or {}).get("host") or {}
         seen.add(host.get("torch_threads"))
     return seen.pop() if len(seen) == 1 and None not in seen else None
+
+
+def _anchor_line(res: dict) -> str:
+    tr, a = res.get("anchor_tracking") or {}, res.get("anchor_s")
+    if not a or not tr.get("n_prefills"):
+        return ""
+    return (f"; speed anchor {a * 1e3:.1f} ms (median of the rows), tiny prefills follow it with slope "
+            f"{tr['beta']:.2f} +- {tr['beta_se']:.2f} over {tr['n_prefills']} prefills' repeats")
 
 
 def fit_cli(a) -> int:
@@ -328,7 +371,8 @@ def fit_cli(a) -> int:
               f"of {res['chip']} ({res['n_busy_skipped']} host_busy rows skipped, {res['n_busy_used']} used): median "
               f"|error| {res['median_abs_err']:.1%}, worst {res['worst_abs_err']:.1%} (modeled vs measured); "
               f"cross-validated whole-prefill noise sigma_log {res['cv']['sigma_log']:.3f} over "
-              f"{res['cv']['n_prefills']} held-out prefills (median |error| {res['cv']['median_abs_err']:.1%})\n" +
+              f"{res['cv']['n_prefills']} held-out prefills (median |error| {res['cv']['median_abs_err']:.1%})"
+              f"{_anchor_line(res)}\n" +
               "\n".join(f"  {k} = {res['params'][k]:.4g}  (90 % {res['intervals'][k][0]:.3g}-"
                         f"{res['intervals'][k][1]:.3g})" for k in res["free"]))
     path = write_fit(fits, a.out, str(a.measurements), primary=getattr(a, "primary_dtype", None))
@@ -386,4 +430,4 @@ def validate_host_rows(platform_path, measurements, out=None) -> tuple:
 
 __all__ = ["host_op", "host_rows", "fit_host", "fit_hosts", "write_fit", "load_host_model", "load_host_uncertainty",
            "fitted_dtypes", "cross_validated_sigma", "prefill_group", "fit_cli", "is_host_fit", "ROOFLINE",
-           "validate_host_rows", "FIT_FILE"]
+           "validate_host_rows", "FIT_FILE", "anchor_tracking"]

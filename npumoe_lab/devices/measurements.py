@@ -35,7 +35,7 @@ HOST_CHIP = re.compile(r"^host-[a-z0-9][a-z0-9_.-]*$")      # this machine: host
 REQUIRED = ("id", "chip", "device", "path", "kind", "work", "measured_s", "source", "confidence", "role")
 # host rows (`npumoe-lab measure`, experiments/measure.py) also say how busy the host was and how spread the repeats
 HOST_FIELDS = ("host_busy", "host_busy_reason", "host_other_cores", "host_probe_s", "host_anchor_s", "iqr_s",
-               "repeats")
+               "repeats", "prefill_reps_s", "host_anchor_reps_s")
 OPTIONAL = ("power_w", "energy_j", "note", "covers") + HOST_FIELDS
 # op-level host rows add the engine op they time: work.op (ops.OP_KINDS) and work.cost (its recorded OpCost)
 OP_WORK = ("op", "cost")
@@ -43,7 +43,8 @@ GEMM_WORK = ("gemms", "act_gemms", "weight_format", "calls", "activation_elems",
 FORWARD_WORK = ("geometry", "rows", "context", "calls", "layers", "weight_format", "lm_head", "gemms", "streams",
                 "weight_passes") + OP_WORK
 COLUMNS = ("id", "file", "chip", "device", "path", "kind", "role", "confidence", "measured_s", "power_w", "energy_j",
-           "work", "source_ref", "source_read", "covers", "note", "host_busy", "host_probe_s", "host_anchor_s")
+           "work", "source_ref", "source_read", "covers", "note", "host_busy", "host_probe_s", "host_anchor_s", "prefill_reps_s",
+           "host_anchor_reps_s")
 
 
 # libyaml's C loader where PyYAML has it (the same documents, ~10x faster on measure's 10k-row files), else Python's
@@ -179,6 +180,13 @@ def check_row(row: dict, where: str) -> dict:
         if v is not None and not (_positive(v) or (isinstance(v, float) and math.isnan(v))):
             raise NpuMoeError(f"{where}: {name} must be the host speed {'probe' if name == 'host_probe_s' else 'anchor'}"
                               "'s seconds (a positive number)")
+    reps = {k: row.get(k) for k in ("prefill_reps_s", "host_anchor_reps_s")}
+    for k, v in reps.items():
+        if v is not None and not (isinstance(v, list) and v and all(_positive(x) for x in v)):
+            raise NpuMoeError(f"{where}: {k} must be a list of positive seconds (one per repeat)")
+    if (reps["prefill_reps_s"] is None) != (reps["host_anchor_reps_s"] is None) or \
+            (reps["prefill_reps_s"] and len(reps["prefill_reps_s"]) != len(reps["host_anchor_reps_s"])):
+        raise NpuMoeError(f"{where}: prefill_reps_s and host_anchor_reps_s come together, one value per repeat each")
     return {"id": row["id"], "chip": row["chip"], "device": row["device"], "path": row["path"], "kind": row["kind"],
             "role": row["role"], "confidence": row["confidence"], "measured_s": float(ms) if ms is not None else None,
             "power_w": None if pw is None else float(pw),
@@ -186,7 +194,8 @@ def check_row(row: dict, where: str) -> dict:
             "source_ref": src["ref"], "source_read": src["read"], "covers": row.get("covers", ""),
             "note": row.get("note", ""), "host_busy": bool(row.get("host_busy", False)),
             "host_probe_s": None if probe is None else float(probe),
-            "host_anchor_s": None if anchor is None else float(anchor)}
+            "host_anchor_s": None if anchor is None else float(anchor),
+            **{k: None if v is None else [float(x) for x in v] for k, v in reps.items()}}
 
 
 def _files(path_or_dir) -> list[Path]:

@@ -97,7 +97,7 @@ def _median_iqr(ts) -> tuple[float, float]:
     return float(q[1]), float(q[2] - q[0])
 
 
-def _row(rid, op, times, load, device, geometry, dtype_name, extra_work=None, note="", rec=None):
+def _row(rid, op, times, load, device, geometry, dtype_name, extra_work=None, note="", rec=None, extra=None):
     """One schema row from an ops.Op and its repeat timings; `rec`: its op record annotated with the op stream's
     context (cpu_model.annotate: a scatter's static rows and parts, a chunk rest's op count), kept in work.cost."""
     med, iqr = _median_iqr(times)
@@ -117,7 +117,7 @@ def _row(rid, op, times, load, device, geometry, dtype_name, extra_work=None, no
             "host_busy": bool(host["host_busy"]), "host_busy_reason": host["host_busy_reason"],
             "host_other_cores": float(host["host_other_cores"]), "host_probe_s": float(host["host_probe_s"]),
             "host_anchor_s": float(host["host_anchor_s"]),
-            "note": note}
+            "note": note, **(extra or {})}
 
 
 # -- the op grid ------------------------------------------------------------------------------------------------
@@ -166,6 +166,12 @@ def prefill_rows(model, geometry, mode, n_layers, chunk, prompt, repeats, device
     if len({len(r) for r in runs}) != 1:
         raise NpuMoeError(f"{geometry} {mode} prefill recorded a different number of ops per repeat; rerun measure")
     rows, recs = [], annotate([from_op(op) for op, _, _ in runs[0]])
+    # the prefill's total per repeat beside the anchor timed before it (on its first row): how far a prefill follows
+    # the anchor, repeat by repeat, is what fit-device reads from these (cpu_fit.anchor_tracking)
+    reps = {"prefill_reps_s": [float(sum(t for _, _, t in r)) for r in runs],
+            "host_anchor_reps_s": [float(a) for a in load.anchors]}
+    reps = reps if len(reps["host_anchor_reps_s"]) == repeats and all(
+        np.isfinite(reps["host_anchor_reps_s"])) else {}
     for i, (op, _, _) in enumerate(runs[0]):
         times = [r[i][2] for r in runs]
         prefill = f"{geometry}-{dtype_name}-L{n_layers}-{mode}-c{chunk}-p{prompt}"
@@ -173,7 +179,7 @@ def prefill_rows(model, geometry, mode, n_layers, chunk, prompt, repeats, device
         rows.append(_row(rid, op, times, load, device, geometry, dtype_name,
                          {"rows": chunk, "context": op.chunk * chunk, "layers": n_layers},
                          note=f"one {op.kind} op of a {n_layers}-layer {mode} prefill ({prompt} tokens in chunks "
-                              f"of {chunk}), engine clock", rec=recs[i]))
+                              f"of {chunk}), engine clock", rec=recs[i], extra=reps if i == 0 else None))
     return rows
 
 

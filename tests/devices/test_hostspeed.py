@@ -154,3 +154,55 @@ def test_the_anchor_geometry_is_the_tiny_one():
     assert hostspeed.is_anchor_geometry(load_model("tiny")[0].config)       # the bundled trained model too
     assert hostspeed.is_anchor_geometry(tiny) and not hostspeed.is_anchor_geometry(qwen)
     assert hostspeed.geometry_key(tiny) != hostspeed.geometry_key(qwen)
+
+
+def _tracking_rows(beta, n=40, reps=5, noise=0.02, seed=0):
+    """First rows of n tiny prefills whose totals follow their anchors with slope `beta` (plus noise), each
+    prefill at its own level; and one Qwen3 prefill that does not follow (ignored: another geometry)."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        a = 0.065 * np.exp(rng.normal(0, 0.15, reps))
+        t = (0.01 + 0.01 * i) * (a / 0.065) ** beta * np.exp(rng.normal(0, noise, reps))
+        rows.append({"work": {"geometry": "tiny"}, "prefill_reps_s": list(t), "host_anchor_reps_s": list(a)})
+    rows.append({"work": {"geometry": "qwen3-30b-a3b"}, "prefill_reps_s": [1.0, 1.0, 1.0, 1.0, 1.0],
+                 "host_anchor_reps_s": [0.05, 0.06, 0.07, 0.08, 0.09]})
+    rows.append({"work": {"geometry": "tiny"}, "prefill_reps_s": None, "host_anchor_reps_s": None})   # not a first row
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.4, 1.0])
+def test_the_tracking_slope_is_recovered_from_measures_repeats(beta):
+    got = cpu_fit.anchor_tracking(_tracking_rows(beta))
+    assert got["n_prefills"] == 40
+    assert got["beta"] == pytest.approx(beta, abs=0.05)
+    assert 0 < got["beta_se"] < 0.05
+
+
+def test_no_repeats_no_slope():
+    got = cpu_fit.anchor_tracking(pd.DataFrame({"work": [{"geometry": "tiny"}]}))
+    assert got["n_prefills"] == 0 and math.isnan(got["beta"])
+
+
+def test_a_runs_factor_is_raised_to_the_fits_slope(tmp_path):
+    """validate-device --runs: modeled = price x (run anchor / fit anchor) ** beta, beta from the fit file."""
+    import yaml
+    from tests.devices.test_cpu_model import TRUE
+    from tests.devices.test_host_fit import _rows_df
+    from tests.experiments.test_validate_runs import fake_run
+    from npumoe_lab.experiments.validate_runs import validate_runs
+    df = _rows_df(tmp_path, {"bf16": TRUE})
+    df["host_anchor_s"] = 0.05
+    res = cpu_fit.fit_host(df)
+    res["anchor_tracking"] = {"beta": 0.5, "beta_se": 0.01, "n_prefills": 10}
+    path = cpu_fit.write_fit(res, tmp_path / "f", "m")
+    assert yaml.safe_load(path.read_text())["host_fit"]["anchor_beta"] == 0.5
+    runs, _ = fake_run(tmp_path, cpu_fit.load_host_model(path))
+    rows_file = next(runs.glob("rows-*.parquet"))
+    rows = pd.read_parquet(rows_file)
+    rows["host_busy"], rows["host_anchor_s"], rows["anchor_geometry"] = False, 0.05 * 1.44, True
+    rows.to_parquet(rows_file)
+    got = validate_runs(path, runs)
+    assert got["speed_factor"].tolist() == pytest.approx([1.2, 1.2])              # 1.44 ** 0.5
+    assert (got["modeled_ttft_s"] / got["fit_price_s"]).tolist() == pytest.approx([1.2, 1.2])
