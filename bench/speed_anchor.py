@@ -22,10 +22,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from npumoe_lab.core.cpu_features import cpu_flags, cpu_model  # noqa: E402
 from npumoe_lab.devices import get_platform  # noqa: E402
-from npumoe_lab.devices.hostspeed import anchor_s, probe_s  # noqa: E402
+from npumoe_lab.devices.hostspeed import probe_s  # noqa: E402
 from npumoe_lab.execution.runtime import PrefillConfig, run_prefill  # noqa: E402
 from npumoe_lab.experiments.geometry_model import random_ids, random_model  # noqa: E402
-from npumoe_lab.experiments.measure import _set_mode, bundled_depth  # noqa: E402
+from npumoe_lab.experiments.geometry_model import bundled_depth  # noqa: E402
+from npumoe_lab.experiments.measure import _set_mode  # noqa: E402
+from npumoe_lab.experiments.speed_anchor import anchor_s  # noqa: E402
 from npumoe_lab.models import describe  # noqa: E402
 
 

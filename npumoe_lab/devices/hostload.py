@@ -21,7 +21,7 @@ import warnings
 
 import numpy as np
 
-from npumoe_lab.devices.hostspeed import anchor_s, probe_s
+from npumoe_lab.devices.hostspeed import probe_s
 from npumoe_lab.errors import NpuMoeWarning
 
 # Limits of a quiet host. Others' CPU: more than a quarter of a core on average during the measured calls is
@@ -58,13 +58,14 @@ class HostLoad:
         self.load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         self.n_cpus = psutil.cpu_count() or 1
         self.probes: list[float] = []            # hostspeed.probe_s before each repeat (untimed, outside blocks)
-        self.anchors: list[float] = []           # hostspeed.anchor_s beside it
+        self.anchors: list[float] = []           # the speed anchor's readings (experiments/speed_anchor.py)
 
-    def probe(self) -> float:
-        """Time the host speed probe and the speed anchor (hostspeed.py) now, between measured blocks, and keep
-        both; returns the probe."""
+    def probe(self, anchor=None) -> float:
+        """Time the host speed probe (hostspeed.py) now, between measured blocks, and keep it; `anchor`: a timer
+        of the speed anchor, read right after it and kept too. Returns the probe."""
         self.probes.append(probe_s())
-        self.anchors.append(anchor_s())
+        if anchor is not None:
+            self.anchors.append(anchor())
         return self.probes[-1]
 
     def _snapshot(self):

@@ -19,7 +19,7 @@ rest (+2.5 % vs +2.4 %): the probe moves with the process's state, not with the 
 rule went, a change made after reading draw 4's errors (said there; draw 4 is spent). The probe times the host,
 never the model: it is never a fit input and never rescales a measured time.
 
-The speed anchor (`anchor_s`): one fixed short prefill of the tiny geometry, ~65 ms. A development study on the
+The speed anchor (experiments/speed_anchor.py): one fixed short prefill of the tiny geometry, ~65 ms. A development study on the
 2-core EPYC VM, 2026-12-06 (docs/CPU_LOOP.md, "The speed anchor"; fresh timings, neither fit rows nor held-out
 runs) timed the probe, 20 bf16 GEMMs, the anchor and four other prefills (bf16 and fp32; HF, static, one-expert
 and dropless experts; 512-1,024 tokens) in rotation for 7 minutes. The prefills' speed moved in spells of about a
@@ -70,38 +70,6 @@ def probe_s(repeats: int = 3) -> float:
     return float(np.median(times))
 
 
-ANCHOR_TOKENS, ANCHOR_CHUNK = 256, 128
-
-
-def _anchor_model():
-    """The anchor's model, built once per process: the tiny geometry at the bundled model's depth, random seeded
-    weights in this CPU's fast dtype, HF's eager experts (imports here: devices/ does not need models otherwise)."""
-    if "anchor" not in _STATE:
-        import torch
-        from npumoe_lab.core.cpu_features import resolve_dtype
-        from npumoe_lab.devices import get_platform
-        from npumoe_lab.execution.runtime import PrefillConfig, run_prefill
-        from npumoe_lab.experiments.geometry_model import random_ids, random_model
-        from npumoe_lab.experiments.measure import bundled_depth
-        model = random_model("tiny", bundled_depth(), resolve_dtype("auto"), seed=0)
-        model.set_experts_implementation("eager")
-        ids = random_ids(model.config.vocab_size, ANCHOR_TOKENS, seed=0)
-        config = PrefillConfig(get_platform("cpu"), ANCHOR_CHUNK, attention="cpu")
-        with torch.inference_mode():
-            run_prefill(model, ids[:, :ANCHOR_CHUNK], config, measure_hf_experts=True)     # untimed warm-up
-        _STATE["anchor"] = (model, ids, config, run_prefill)
-    return _STATE["anchor"]
-
-
-def anchor_s() -> float:
-    """Seconds of the speed anchor: one fixed prefill of the tiny geometry (256 tokens in chunks of 128, HF eager
-    experts, random weights, this CPU's fast dtype; ~65 ms on the 2-core EPYC), by the engine's clock."""
-    import torch
-    model, ids, config, run_prefill = _anchor_model()
-    with torch.inference_mode():
-        return float(run_prefill(model, ids, config, measure_hf_experts=True).summary["ttft_s"])
-
-
 GEOMETRY_FIELDS = ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_experts", "num_local_experts",
                    "num_experts_per_tok", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")
 
@@ -109,11 +77,6 @@ GEOMETRY_FIELDS = ("hidden_size", "intermediate_size", "moe_intermediate_size", 
 def geometry_key(config) -> tuple:
     """What makes two models' prefills the same kind of work, layer count and weights apart."""
     return tuple(getattr(config, f, None) for f in GEOMETRY_FIELDS)
-
-
-def is_anchor_geometry(config) -> bool:
-    """Whether a model of `config` has the anchor's geometry (the tiny one): only such runs are scaled by it."""
-    return geometry_key(config) == geometry_key(_anchor_model()[0].config)
 
 
 def anchor_factor(run_anchor, fit_anchor) -> float:
@@ -136,5 +99,4 @@ def speed_note(probe: float, reference: float, limit: float = PROBE_LIMIT, again
             f"{reference * 1e3:.2f} ms)")
 
 
-__all__ = ["PROBE_LIMIT", "probe_s", "speed_note", "anchor_s", "anchor_factor", "ANCHOR_TOKENS", "ANCHOR_CHUNK",
-           "geometry_key", "is_anchor_geometry"]
+__all__ = ["PROBE_LIMIT", "probe_s", "speed_note", "anchor_factor", "geometry_key"]

@@ -6,6 +6,9 @@ and tiny expert outputs; scaled router logits make routing decisive and skewed l
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
 from npumoe_lab.errors import NpuMoeError
@@ -14,6 +17,11 @@ from npumoe_lab.models.loading import TINY_MODEL_DIR
 from npumoe_lab.sim.geometries import load_geometry
 
 TINY = "tiny"
+
+
+def bundled_depth() -> int:
+    """The bundled model's layer count (its config), the depth of the tiny geometry's measured prefills."""
+    return int(json.loads((Path(TINY_MODEL_DIR) / "config.json").read_text())["num_hidden_layers"])
 
 
 def geometry_config(name: str, n_layers: int):
@@ -83,4 +91,4 @@ def random_ids(vocab: int, n: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(4, vocab, (1, n), generator=g)
 
 
-__all__ = ["geometry_config", "random_model", "random_ids", "TINY"]
+__all__ = ["geometry_config", "random_model", "random_ids", "TINY", "bundled_depth"]

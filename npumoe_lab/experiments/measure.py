@@ -35,7 +35,8 @@ from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.experts import attach, detach
 from npumoe_lab.execution.ops import Op
 from npumoe_lab.execution.runtime import PrefillConfig, run_prefill
-from npumoe_lab.experiments.geometry_model import random_ids, random_model
+from npumoe_lab.experiments.geometry_model import bundled_depth, random_ids, random_model
+from npumoe_lab.experiments.speed_anchor import anchor_s
 from npumoe_lab.models import describe
 from npumoe_lab.models.loading import TINY_MODEL_DIR
 from npumoe_lab.planning.layout import ExecutionLayout
@@ -80,11 +81,6 @@ def grid(geometry: str, quick: bool = False) -> dict:
         if not quick:
             prefills += [(m, 1, 32, 128) for m in MODES] + [("static", 1, 512, 2048)]
     return {"prefills": prefills, "capacities": caps, "group_sizes": sizes}
-
-
-def bundled_depth() -> int:
-    """The bundled model's layer count (its config), the depth of the tiny geometry's measured prefills."""
-    return int(json.loads((Path(TINY_MODEL_DIR) / "config.json").read_text())["num_hidden_layers"])
 
 
 def host_chip() -> str:
@@ -159,7 +155,7 @@ def prefill_rows(model, geometry, mode, n_layers, chunk, prompt, repeats, device
     run_prefill(model, ids[:, :chunk], config, measure_hf_experts=mode == "hf")        # untimed warm-up
     load, runs = HostLoad(), []
     for _ in range(repeats):
-        load.probe()                  # the host's speed before each repeat (hostspeed.py), untimed
+        load.probe(anchor_s)                  # the host's speed before each repeat (hostspeed.py), untimed
         with load.measuring():
             res = run_prefill(model, ids, config, measure_hf_experts=mode == "hf")
         runs.append(res.ops)
@@ -215,7 +211,7 @@ def group_rows(model, geometry, capacity, sizes, repeats, device, npu_backend, d
     load, times = HostLoad(), [[] for _ in calls]
     flush = torch.empty(FLUSH_BYTES // 4)
     for r in range(repeats):
-        load.probe()
+        load.probe(anchor_s)
         order = list(range(len(calls)))
         order = order[r % len(order):] + order[:r % len(order)]     # interleaved: noise hits every size alike
         for j in order:

@@ -17,7 +17,7 @@ from npumoe_lab.execution.calibrate import calibration_profile
 from npumoe_lab.core.cpu_features import resolve_dtype, row_fields
 from npumoe_lab.devices import as_platform
 from npumoe_lab.devices.hostload import HostLoad, warn_if_busy
-from npumoe_lab.devices.hostspeed import anchor_s, is_anchor_geometry, probe_s
+from npumoe_lab.devices.hostspeed import probe_s
 from npumoe_lab.execution.drift import DriftMonitor
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.experts import attach, detach, dropless_executor, set_executor
@@ -40,6 +40,7 @@ from npumoe_lab.workloads import get_workload
 from npumoe_lab.workloads.scoring import evaluate_sample
 from npumoe_lab.experiments import interleave
 from npumoe_lab.experiments.shared_numerics import Numerics, numerics_key, remodel
+from npumoe_lab.experiments.speed_anchor import anchor_s, is_anchor_geometry
 from npumoe_lab.execution.decode import reprice_decode, run_decode
 from npumoe_lab.execution.decode_policy import DEFAULT_DECODE_TOKENS, check_decode
 from npumoe_lab.sim.decode import e2e_columns, e2e_draws, e2e_interval

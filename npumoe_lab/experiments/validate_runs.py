@@ -238,7 +238,7 @@ def _probe_cell(r) -> str:
 
 
 def _anchor_cell(r) -> str:
-    """The speed factor the fit's price was scaled by: the run's anchor over the fit rows' (ms, measured)."""
+    """The speed factor the fit's price was scaled by, then the run's anchor and the fit rows' (ms, measured)."""
     ms = lambda v: f"{v * 1e3:.1f}" if np.isfinite(v) else "-"     # noqa: E731
     a, f = getattr(r, "host_anchor_s", float("nan")), getattr(r, "fit_anchor_s", float("nan"))
     return f"{getattr(r, 'speed_factor', 1.0):.3f} ({ms(a)} / {ms(f)})"
@@ -246,8 +246,8 @@ def _anchor_cell(r) -> str:
 
 def table_lines(df: pd.DataFrame) -> list:
     lines = ["| model | workload | variant | dtype | prompt | chunk | measured TTFT (s) | modeled TTFT (s) [90 %] | "
-             "error | inside | counted | host probe, run vs fit (ms, measured) | speed factor (anchor run / fit, ms, "
-             "measured) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "error | inside | counted | host probe, run vs fit (ms, measured) | speed factor = (anchor run / fit) ** "
+             "slope (anchors in ms, measured) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in df.itertuples():
         iv = f" [{r.modeled_ttft_lo_s:.4f}, {r.modeled_ttft_hi_s:.4f}]" if np.isfinite(r.modeled_ttft_lo_s) else ""
         lines.append(f"| {r.model} | {r.workload} | {r.variant} | {r.dtype} | {r.prompt_len} | {r.chunk} | "

@@ -94,15 +94,15 @@ def test_anchor_factor_by_hand(run, fit, factor):
 
 
 def test_the_anchor_times_a_fixed_prefill_of_the_tiny_geometry():
-    from npumoe_lab.experiments.measure import bundled_depth
-    t = hostspeed.anchor_s()
-    model, ids, config, _ = hostspeed._STATE["anchor"]
+    from npumoe_lab.experiments import speed_anchor
+    from npumoe_lab.experiments.geometry_model import bundled_depth
+    t = speed_anchor.anchor_s()
+    model, ids, config = speed_anchor._STATE["anchor"]
     assert model.config.num_hidden_layers == bundled_depth()
-    assert ids.shape == (1, hostspeed.ANCHOR_TOKENS) and config.chunk == hostspeed.ANCHOR_CHUNK
+    assert ids.shape == (1, speed_anchor.ANCHOR_TOKENS) and config.chunk == speed_anchor.ANCHOR_CHUNK
     assert math.isfinite(t) and 1e-4 < t < 10.0
-    assert hostspeed._STATE["anchor"][0] is model                # built once: the next reading reuses it
-    hostspeed.anchor_s()
-    assert hostspeed._STATE["anchor"][0] is model
+    speed_anchor.anchor_s()
+    assert speed_anchor._STATE["anchor"][0] is model             # built once: the next reading reuses it
 
 
 def test_a_run_priced_at_the_fit_is_scaled_by_its_anchor_over_the_fits(tmp_path):
@@ -151,8 +151,9 @@ def test_the_anchor_geometry_is_the_tiny_one():
     from npumoe_lab.experiments.geometry_model import geometry_config
     from npumoe_lab.models import load_model
     tiny, qwen = (geometry_config(g, 1) for g in ("tiny", "qwen3-30b-a3b"))
-    assert hostspeed.is_anchor_geometry(load_model("tiny")[0].config)       # the bundled trained model too
-    assert hostspeed.is_anchor_geometry(tiny) and not hostspeed.is_anchor_geometry(qwen)
+    from npumoe_lab.experiments.speed_anchor import is_anchor_geometry
+    assert is_anchor_geometry(load_model("tiny")[0].config)       # the bundled trained model too
+    assert is_anchor_geometry(tiny) and not is_anchor_geometry(qwen)
     assert hostspeed.geometry_key(tiny) != hostspeed.geometry_key(qwen)
 
 
