@@ -13,7 +13,6 @@ per-block max, so a stream is reduced once to its distinct ops and count matrice
 from __future__ import annotations
 
 import numpy as np
-from scipy import sparse
 
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.ops import OP_KINDS
@@ -66,6 +65,7 @@ class _Reduced:
     def M(self):
         """[distinct ops, blocks x 2] counts: how often each distinct op runs in each block's NPU / CPU branches."""
         if self._M is None:
+            from scipy import sparse    # here, not at import: only the many-draw path needs it (~0.07 s)
             self._M = sparse.csr_matrix((np.ones(len(self.branch_ops)), (self.branch_ops, self.branch_key)),
                                         shape=self._shape)
         return self._M

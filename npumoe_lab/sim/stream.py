@@ -273,6 +273,31 @@ def _template(geometry, executor, layers, E, chunk, attention, db, npu_wb) -> _T
     return _Template(cols, np.array(att, dtype=np.int64), fill, per_layer)
 
 
+@functools.lru_cache(maxsize=1024)
+def _chunk_rows(geometry, chunk: int, attention: str, db: int, npu_wb, C: int, T: int) -> tuple[dict, dict]:
+    """({column: [C]} of each chunk's attention row (all but "layer": the template keeps each row's layer), {column:
+    [C]} of each chunk's rest-of-chunk row) of a prompt of T tokens in C chunks: the same for every plan of a
+    geometry (a grid's hundreds of streams read them), read-only."""
+    att, rest = [], []
+    for c in range(C):
+        n_real = min(chunk, T - c * chunk)
+        ctx = ChunkContext(index=c, past=c * chunk, n_real=int(n_real), length=chunk, clock=None,
+                           numerics=False, dtype_bytes=db, npu_weight_bytes=npu_wb)
+        att.append(_attention_row(geometry, ctx, 0, attention))
+        cost = geometry.rest_op(ctx, last=c * chunk + chunk >= T, measured=False).cost
+        rest.append(_cost_row("other", CPU, -1, cost, CHAIN, geometry.hidden * geometry.vocab * db if c == C - 1
+                              else 0.0))
+
+    def table(rows, skip=()):
+        out = {}
+        for col in rows[0]:
+            if col not in skip:
+                out[col] = np.array([r[col] for r in rows], dtype=np.float64 if col in _FLOAT else np.int64)
+                out[col].flags.writeable = False
+        return out
+    return table(att, skip=("layer",)), table(rest)
+
+
 def build_stream(geometry, executor, counts: RoutingCounts, *, attention: str = "npu", dtype_bytes: int = 2,
                  npu_weight_bytes: int | None = None) -> OpStream:
     """The op stream `replay_prefill(geometry, executor, ...)` records for a prompt routed as `counts`.
@@ -312,28 +337,29 @@ def build_stream(geometry, executor, counts: RoutingCounts, *, attention: str = 
         for i, j in enumerate(js):
             dyn[("cold", j)] = (cold_load[:, i], cold_exp[:, i])
             dyn[("spill", j)] = (n_over[:, i], over_exp[:, i])
-    for s, name, j, spec in tp.fill:
-        if name == "hf":
-            loads, n_exp, present = np.full(C, chunk * spec.top_k), counts.touched[:, j], np.ones(C, dtype=bool)
-        else:
-            loads, n_exp = dyn[(name, j)]
-            present = loads > 0
-        _dynamic_columns(cols, s, loads, np.maximum(1, n_exp), H, spec.intermediate, db, spec.layer,
-                         "experts_hf" if name == "hf" else "experts_dynamic")
-        keep[:, s] &= present
+    if tp.fill:            # the varying rows (cold, spilled, HF experts) of every layer at once
+        loads, n_exp, present = [], [], []
+        for s, name, j, spec in tp.fill:
+            if name == "hf":
+                loads.append(np.full(C, chunk * spec.top_k))
+                n_exp.append(counts.touched[:, j])
+                present.append(np.ones(C, dtype=bool))
+            else:
+                ld, n = dyn[(name, j)]
+                loads.append(ld)
+                n_exp.append(n)
+                present.append(ld > 0)
+        s = np.array([f[0] for f in tp.fill])
+        _dynamic_columns(cols, s, np.stack(loads, 1), np.maximum(1, np.stack(n_exp, 1)), H,
+                         np.array([f[3].intermediate for f in tp.fill]), db, np.array([f[3].layer for f in tp.fill]),
+                         np.array([f[1] == "hf" for f in tp.fill]))
+        keep[:, s] &= np.stack(present, 1)
     # attention (its cost depends on the chunk's KV length; the same in every layer) and the rest of the chunk
-    n_real = np.minimum(chunk, T - np.arange(C) * chunk)
-    for c in range(C):
-        ctx = ChunkContext(index=c, past=c * chunk, n_real=int(n_real[c]), length=chunk, clock=None,
-                           numerics=False, dtype_bytes=dtype_bytes, npu_weight_bytes=npu_weight_bytes)
-        row = _attention_row(geometry, ctx, 0, attention)
-        for col, v in row.items():
-            if col != "layer":
-                cols[col][c, tp.attention] = v
-        rest = geometry.rest_op(ctx, last=c * chunk + chunk >= T, measured=False).cost
-        wb = geometry.hidden * geometry.vocab * db if c == C - 1 else 0.0
-        for col, v in _cost_row("other", CPU, -1, rest, CHAIN, wb).items():
-            cols[col][c, S - 1] = v
+    att, rest = _chunk_rows(geometry, chunk, attention, dtype_bytes, npu_weight_bytes, C, T)
+    for col, v in att.items():
+        cols[col][:, tp.attention] = v[:, None]
+    for col, v in rest.items():
+        cols[col][:, S - 1] = v
     cols["chunk"][:] = np.arange(C)[:, None]
     cols["seq"][:] = np.arange(S)[None, :]
     flat = keep.reshape(-1)
@@ -373,11 +399,11 @@ def stream_from_ops(ops, n_tokens: int) -> OpStream | None:
     return OpStream(cols, n_tokens=n_tokens)
 
 
-def _dynamic_columns(cols, s, loads, n_exp, H, I, db, layer, kind) -> None:
+def _dynamic_columns(cols, s, loads, n_exp, H, I, db, layer, hf) -> None:
     """engine.dynamic_experts_cost on arrays: experts at their actual loads, one call each, each expert's weights
-    streamed once."""
+    streamed once. `s` [F]: the rows to fill; loads, n_exp [C, F]; I, layer, hf (HF's experts, else dynamic) [F]."""
     rows = np.maximum(1, loads).astype(np.float64)
-    cols["kind"][:, s] = KIND[kind]
+    cols["kind"][:, s] = np.where(hf, KIND["experts_hf"], KIND["experts_dynamic"])
     cols["role"][:, s] = CPU
     cols["layer"][:, s] = layer
     cols["flops"][:, s] = 6.0 * rows * H * I
@@ -388,7 +414,7 @@ def _dynamic_columns(cols, s, loads, n_exp, H, I, db, layer, kind) -> None:
     cols["gemm_m"][:, s] = rows.astype(np.int64)
     cols["gemm_n"][:, s] = I
     cols["gemm_k"][:, s] = H
-    cols["dep"][:, s] = BRANCH if kind == "experts_dynamic" else CHAIN
+    cols["dep"][:, s] = np.where(hf, CHAIN, BRANCH)
 
 
 __all__ = ["OpStream", "RoutingCounts", "StreamExecutor", "routing_counts", "build_stream", "stream_from_ops", "COLUMNS", "KIND", "NPU", "CPU",
