@@ -174,6 +174,14 @@ class _Template:
     fill: list                 # (row, "cold" | "spill" | "hf", MoE index, spec)
     per_layer: list            # (MoE index, capacity [E], dynamic cold mask [E], static rows, spill)
 
+    def __post_init__(self):
+        # what every stream of this template fills the same way: the rows, their experts' sizes, layers, kinds
+        f = self.fill
+        self.fill_rows = np.array([x[0] for x in f], dtype=np.int64)
+        self.fill_intermediate = np.array([x[3].intermediate for x in f], dtype=np.int64)
+        self.fill_layer = np.array([x[3].layer for x in f], dtype=np.int64)
+        self.fill_hf = np.array([x[1] == "hf" for x in f], dtype=bool)
+
 
 def _static_part(executor, layer: int, E: int):
     """(static groups in buffer order, capacity [E], dynamic cold mask [E], static rows) of a layer: what
@@ -349,11 +357,9 @@ def build_stream(geometry, executor, counts: RoutingCounts, *, attention: str = 
                 loads.append(ld)
                 n_exp.append(n)
                 present.append(ld > 0)
-        s = np.array([f[0] for f in tp.fill])
-        _dynamic_columns(cols, s, np.stack(loads, 1), np.maximum(1, np.stack(n_exp, 1)), H,
-                         np.array([f[3].intermediate for f in tp.fill]), db, np.array([f[3].layer for f in tp.fill]),
-                         np.array([f[1] == "hf" for f in tp.fill]))
-        keep[:, s] &= np.stack(present, 1)
+        _dynamic_columns(cols, tp.fill_rows, np.stack(loads, 1), np.maximum(1, np.stack(n_exp, 1)), H,
+                         tp.fill_intermediate, db, tp.fill_layer, tp.fill_hf)
+        keep[:, tp.fill_rows] &= np.stack(present, 1)
     # attention (its cost depends on the chunk's KV length; the same in every layer) and the rest of the chunk
     att, rest = _chunk_rows(geometry, chunk, attention, dtype_bytes, npu_weight_bytes, C, T)
     for col, v in att.items():
