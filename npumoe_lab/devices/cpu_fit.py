@@ -109,14 +109,11 @@ def cross_validated_sigma(ops, y, groups, res) -> dict:
             "median_abs_err": float(np.median(np.abs(np.expm1(errs)))) if errs else float("nan")}
 
 
-def anchor_tracking(rows) -> dict:
-    """How far a prefill of the anchor's geometry (tiny) follows the speed anchor, from `measure`'s own repeats: the
-    slope `beta` of log(prefill total) on log(anchor reading taken just before it), both centred within each
-    prefill, pooled over prefills (fit rows only; their first row carries prefill_reps_s / host_anchor_reps_s).
-    The anchor's reading noise attenuates the slope, which is what a predictor from a noisy reading should use:
-    validate-device --runs scales a price by (run's anchor / fit's) ** beta. NaN without such rows."""
+def _within_slope(rows) -> tuple:
+    """The slope of log(prefill total) on log(anchor read just before it), both centred within each tiny prefill,
+    pooled over prefills (first rows carry prefill_reps_s / host_anchor_reps_s); (beta, se, n_prefills)."""
     if "prefill_reps_s" not in rows:
-        return {"beta": float("nan"), "beta_se": float("nan"), "n_prefills": 0}
+        return float("nan"), float("nan"), 0
     xs, ys = [], []
     for r in rows.itertuples():
         t, a = r.prefill_reps_s, r.host_anchor_reps_s
@@ -126,16 +123,53 @@ def anchor_tracking(rows) -> dict:
         lt, la = np.log(t), np.log(a)
         xs.append(la - la.mean())
         ys.append(lt - lt.mean())
+    return _slope(xs, ys, len(xs))
+
+
+def _slope(xs, ys, groups) -> tuple:
     if not xs:
-        return {"beta": float("nan"), "beta_se": float("nan"), "n_prefills": 0}
+        return float("nan"), float("nan"), 0
     x, y = np.concatenate(xs), np.concatenate(ys)
     sxx = float(x @ x)
     if sxx <= 0:
-        return {"beta": float("nan"), "beta_se": float("nan"), "n_prefills": len(xs)}
+        return float("nan"), float("nan"), groups
     beta = float(x @ y) / sxx
-    dof = max(len(x) - len(xs) - 1, 1)            # one mean per prefill, one slope
-    se = float(np.sqrt(float(np.sum((y - beta * x) ** 2)) / dof / sxx))
-    return {"beta": beta, "beta_se": se, "n_prefills": len(xs)}
+    dof = max(len(x) - len(xs) - 1, 1)            # one mean per group, one slope
+    return beta, float(np.sqrt(float(np.sum((y - beta * x) ** 2)) / dof / sxx)), groups
+
+
+def anchor_tracking(rows, prices=None, anchor_s=None) -> dict:
+    """How far a prefill of the anchor's geometry (tiny) follows the speed anchor, as validate-device --runs uses it:
+    ACROSS the fit's prefills (minutes apart, as a run is from the fit), the slope `beta` of log(measured total /
+    the fit's price) on log(the prefill's anchor reading / the fit's anchor `anchor_s`), with an intercept (the
+    fit's own bias). `prices`: the fit's price of each row of `rows` (fit rows, one dtype). A price is then scaled by
+    (run's anchor / fit's) ** beta.
+
+    Why across, not within: the first form (2026-12-06 morning) regressed each prefill's repeats on the anchor read
+    just before them. Seconds apart, the host's speed barely moves and the anchor's reading noise dominates, so that
+    slope is attenuated towards 0 (0.05 +- 0.19 and 0.33 +- 0.13 on acceptance draw 21's fit rows) while the runs,
+    minutes from the fit, needed ~0.6 (draw 21's worst run: 1.54x slower than the price at an anchor 2.15x slower).
+    On those fit rows (quiet ones) the across-prefill slope reads 0.75 +- 0.08 (bf16), 0.50 +- 0.12 (fp32). A change
+    made after reading draw 21's held-out errors (said in docs/CPU_LOOP.md; the next acceptance is a fresh seed). The
+    within slope is kept for the record (`beta_within`). Without prices or anchors: the within slope (the first
+    form). NaN without such rows."""
+    bw, bw_se, nw = _within_slope(rows)
+    out = {"beta_within": bw, "beta_within_se": bw_se, "n_prefills_within": nw, "method": "within"}
+    if prices is None or not anchor_s or "host_anchor_s" not in rows or "measured_s" not in rows:
+        return {"beta": bw, "beta_se": bw_se, "n_prefills": nw, **out}
+    geom = rows["work"].map(lambda w: w.get("geometry") if isinstance(w, dict) else None)
+    d = pd.DataFrame({"g": [prefill_group(r) for r in rows[["id"]].to_dict("records")],
+                      "y": pd.to_numeric(rows["measured_s"], errors="coerce").to_numpy(float),
+                      "p": np.asarray(prices, float),
+                      "a": pd.to_numeric(rows["host_anchor_s"], errors="coerce").to_numpy(float)})
+    d = d[(geom == "tiny").to_numpy() & d["g"].notna().to_numpy() & np.isfinite(d["a"]).to_numpy()
+          & (d["a"] > 0).to_numpy() & (d["p"] > 0).to_numpy() & (d["y"] > 0).to_numpy()]
+    agg = d.groupby("g").agg(y=("y", "sum"), p=("p", "sum"), a=("a", "median"))
+    if len(agg) < 3:
+        return {"beta": bw, "beta_se": bw_se, "n_prefills": nw, **out}
+    x, y = np.log(agg["a"].to_numpy() / anchor_s), np.log(agg["y"].to_numpy() / agg["p"].to_numpy())
+    beta, se, n = _slope([x - x.mean()], [y - y.mean()], len(agg))
+    return {"beta": beta, "beta_se": se, "n_prefills": n, **out, "method": "across prefills"}
 
 
 def fit_host(df, source: str = "", include_busy: bool = False, dtype: str | None = None, cv: bool = True) -> dict:
@@ -172,7 +206,7 @@ def fit_host(df, source: str = "", include_busy: bool = False, dtype: str | None
     res["probe_s"] = float(np.median(probes)) if len(probes) else None      # the host's speed (hostspeed.py)
     anchors = pd.to_numeric(quiet["host_anchor_s"], errors="coerce").dropna() if "host_anchor_s" in quiet else []
     res["anchor_s"] = float(np.median(anchors)) if len(anchors) else None   # the speed anchor the fit prices at
-    res["anchor_tracking"] = anchor_tracking(quiet)
+    res["anchor_tracking"] = anchor_tracking(quiet, cpu_model.price_many(res["params"], ops), res["anchor_s"])
     res.update(chip=str(quiet["chip"].iloc[0]), rows_used=list(quiet["id"]), dtype=dtype,
                n_busy_skipped=0 if include_busy else int(len(busy)), n_busy_used=int(len(busy)) if include_busy else 0)
     return res
@@ -222,10 +256,14 @@ def _fit_summary(res: dict, measurements: str, stamp: str) -> dict:
             "probe_s": res.get("probe_s"),
             # median speed anchor over the rows used: a run's price is scaled by its anchor over this (hostspeed.py)
             "anchor_s": res.get("anchor_s"),
-            # how far a tiny-geometry prefill follows the anchor, from measure's repeats (anchor_tracking)
+            # how far a tiny-geometry prefill's error follows the anchor across the fit's prefills (anchor_tracking)
             "anchor_beta": (res.get("anchor_tracking") or {}).get("beta"),
             "anchor_beta_se": (res.get("anchor_tracking") or {}).get("beta_se"),
             "anchor_beta_prefills": (res.get("anchor_tracking") or {}).get("n_prefills"),
+            "anchor_beta_method": (res.get("anchor_tracking") or {}).get("method"),
+            # the first form's slope over each prefill's repeats (attenuated by the anchor's reading noise): a record
+            "anchor_beta_within": (res.get("anchor_tracking") or {}).get("beta_within"),
+            "anchor_beta_within_se": (res.get("anchor_tracking") or {}).get("beta_within_se"),
             # the predictive uncertainty of a whole prefill (validate-device --runs): posterior x CV noise
             "posterior_cov_log": [[float(v) for v in row] for row in np.asarray(res["cov_log"])],
             "posterior": "Laplace (Gauss-Newton) approximation at the least-squares optimum, log parameters",
@@ -354,8 +392,9 @@ def _anchor_line(res: dict) -> str:
     tr, a = res.get("anchor_tracking") or {}, res.get("anchor_s")
     if not a or not tr.get("n_prefills"):
         return ""
+    how = "across" if tr.get("method") == "across prefills" else "over the repeats of"
     return (f"; speed anchor {a * 1e3:.1f} ms (median of the rows), tiny prefills follow it with slope "
-            f"{tr['beta']:.2f} +- {tr['beta_se']:.2f} over {tr['n_prefills']} prefills' repeats")
+            f"{tr['beta']:.2f} +- {tr['beta_se']:.2f} {how} {tr['n_prefills']} prefills")
 
 
 def fit_cli(a) -> int:

@@ -28,10 +28,11 @@ correlated 0.96-0.98, the residual of log(prefill / anchor) sd 0.023-0.027 again
 barely moved (1.10x range), and the probe moved against the prefills (correlation -0.57 to -0.74). So
 `measure` and `run` time the anchor beside the probe (host_anchor_s), the fit keeps its rows' median, and
 validate-device --runs multiplies a fit's price by the run's anchor over the fit's (`anchor_factor`), raised to
-the fit's tracking slope (cpu_fit.anchor_tracking: how far `measure`'s own prefills followed the anchor, repeat by
-repeat; 0.50 on the quick grid of the EPYC, where one reading is noisy): the host's speed at the run is measured, the model prices
-the op stream at the fit's. A change of the loop's structure made
-after reading held-out errors of earlier draws (said in docs/CPU_LOOP.md; it is judged on a fresh seed).
+the fit's tracking slope (cpu_fit.anchor_tracking: how far the error of `measure`'s own prefills against the fit's
+price follows their anchor, across prefills; first read repeat by repeat within a prefill, where the anchor's reading
+noise pulled it towards 0): the host's speed at the run is measured, the model prices the op stream at the fit's.
+Changes of the loop's structure made after reading held-out errors of earlier draws (said in docs/CPU_LOOP.md; each
+is judged on a fresh seed).
 """
 from __future__ import annotations
 

@@ -163,7 +163,7 @@ def prefill_rows(model, geometry, mode, n_layers, chunk, prompt, repeats, device
         raise NpuMoeError(f"{geometry} {mode} prefill recorded a different number of ops per repeat; rerun measure")
     rows, recs = [], annotate([from_op(op) for op, _, _ in runs[0]])
     # the prefill's total per repeat beside the anchor timed before it (on its first row): how far a prefill follows
-    # the anchor, repeat by repeat, is what fit-device reads from these (cpu_fit.anchor_tracking)
+    # the anchor repeat by repeat, kept for the record (cpu_fit.anchor_tracking reads the slope across prefills)
     reps = {"prefill_reps_s": [float(sum(t for _, _, t in r)) for r in runs],
             "host_anchor_reps_s": [float(a) for a in load.anchors]}
     reps = reps if len(reps["host_anchor_reps_s"]) == repeats and all(

@@ -8,8 +8,8 @@ a prefill's modeled TTFT is the sum of its ops. Per result row the modeled TTFT 
 ttft_s is the mean over samples of one repeat) and is compared with the row's median over repeats
 (ttft_median_s). Rows flagged host_busy and runs at another torch thread count than the fit's rows are excluded
 from the statistics and counted. The fit's price is scaled by the speed factor: the speed anchor's median reading
-over the run's repeats divided by its median over the fit rows, raised to the fit's tracking slope (how far `measure`'s own prefills
-followed the anchor repeat by repeat: cpu_fit.anchor_tracking), for runs of the anchor's geometry (the tiny one,
+over the run's repeats divided by its median over the fit rows, raised to the fit's tracking slope (how far the error of `measure`'s
+own prefills against the fit's price followed their anchor, across prefills: cpu_fit.anchor_tracking), for runs of the anchor's geometry (the tiny one,
 `anchor_geometry`; hostspeed.py: the speed of its prefills moves by 20-40 % over minutes on these VMs and the anchor
 follows it, while the Qwen3 geometry's GEMM-bound prefills barely move and the anchor would only add noise to
 them); `fit_price_s` / `unanchored_abs_err` keep the unscaled price. A run's host speed probe is shown beside the fit rows' median (`host_speed_note`): a reading, not a

@@ -181,6 +181,45 @@ def test_the_tracking_slope_is_recovered_from_measures_repeats(beta):
     assert 0 < got["beta_se"] < 0.05
 
 
+def _across_rows(beta, n=30, ops=4, seed=0):
+    """Op rows of n tiny prefills (ids as `measure` writes them) whose measured totals are the fit's price x (the
+    prefill's anchor / 0.065) ** beta x a common bias x noise; the prices; and one Qwen3 prefill that does not
+    follow its anchor (another geometry: ignored)."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    rows, prices = [], []
+    for i in range(n):
+        a = 0.065 * float(np.exp(rng.normal(0, 0.2)))
+        factor = (a / 0.065) ** beta * 1.1 * float(np.exp(rng.normal(0, 0.02)))
+        for k in range(ops):
+            p = 0.001 * (1 + k + i % 7)
+            rows.append({"id": f"tiny-bf16-L4-static-c{32 << (i % 4)}-p{512 + i}-k{k}-l0-op",
+                         "work": {"geometry": "tiny"}, "measured_s": p * factor, "host_anchor_s": a})
+            prices.append(p)
+    for k in range(ops):
+        rows.append({"id": f"qwen3-30b-a3b-bf16-L2-static-c64-p512-k{k}-l0-op", "work": {"geometry": "qwen3-30b-a3b"},
+                     "measured_s": 1.0, "host_anchor_s": 0.2})
+        prices.append(0.5)
+    return pd.DataFrame(rows), prices
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.6, 1.0])
+def test_the_tracking_slope_is_read_across_prefills_against_the_fits_price(beta):
+    """The slope a run's factor uses: log(measured / price) on log(anchor / the fit's), across prefills, with an
+    intercept (a fit's common bias of 10 % does not leak into it)."""
+    rows, prices = _across_rows(beta)
+    got = cpu_fit.anchor_tracking(rows, prices, 0.065)
+    assert got["method"] == "across prefills" and got["n_prefills"] == 30
+    assert got["beta"] == pytest.approx(beta, abs=0.05)
+    assert 0 < got["beta_se"] < 0.05
+
+
+def test_without_prices_the_slope_is_the_within_prefill_one():
+    rows = _tracking_rows(0.4)
+    assert cpu_fit.anchor_tracking(rows) == cpu_fit.anchor_tracking(rows, None, 0.065)
+    assert cpu_fit.anchor_tracking(rows)["method"] == "within"
+
+
 def test_no_repeats_no_slope():
     got = cpu_fit.anchor_tracking(pd.DataFrame({"work": [{"geometry": "tiny"}]}))
     assert got["n_prefills"] == 0 and math.isnan(got["beta"])
