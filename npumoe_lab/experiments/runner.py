@@ -7,6 +7,7 @@ against the `reference` variant (HF's own dropless experts) on the same samples.
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,6 +119,7 @@ class _Run:
     decode_tokens: int = 0                          # greedy decode steps after each prefill (0: prefill only)
     decode_policy: str = "pipeline"
     decoded: dict = field(default_factory=dict)     # (numerics key, sample) -> the decode's (ops, stats)
+    run_id: str | None = None                       # this call's id on its rows and timelines
 
     @staticmethod
     def resolve(model, workload, variants, platforms, prompt_len, chunk, plan, repeats, n_samples, seed, model_name,
@@ -263,7 +265,7 @@ class _Run:
                     if timeline and r == 0:
                         tl_frames.append(to_frame(res.events, res.ops).assign(
                             variant=v.name, platform=plat.label, sample=i, model=self.name,
-                            prompt_len=self.prompt_len, run_chunk=self.chunk))
+                            prompt_len=self.prompt_len, run_chunk=self.chunk, run_id=self.run_id))
                     if r == 0:
                         if prior:
                             sc, agree = prior[i].score, prior[i].agreement
@@ -318,7 +320,7 @@ class _Run:
                            model_fingerprint=self.fingerprint, plan_hash=getattr(used, "hash", None),
                            npu_backend=(npu_backend or "torch") if v.experts == "plan" else None,
                            torch_threads=torch.get_num_threads(), **self.numerics_fields,
-                           created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **host, **prov,
+                           created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), run_id=self.run_id, **host, **prov,
                            **(mon.summary() if mon else {}))
                 row.update(knob_columns(self.knobs))      # swept knobs become columns (the figures read them)
                 for col in m.columns:
@@ -357,6 +359,9 @@ def run_experiment(model="tiny", workload="ruler-multikey", variants="all", plat
     run = _Run.resolve(model, workload, variants, platforms, prompt_len, chunk, plan, repeats, n_samples, seed,
                        model_name, dtype, plan_knobs)
     run.decode_tokens, run.decode_policy = decode_tokens, decode_policy
+    # one id on this call's rows and timelines: runs into one folder keep content-hashed files side by side, and
+    # validate-device --runs pairs each run's rows with its own op streams by it
+    run.run_id = uuid.uuid4().hex[:16]
     profile = run.calibrate(calib_workload, calib_tokens, seed)
     run.reference()
     rows, tl_frames = [], []

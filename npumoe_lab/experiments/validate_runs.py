@@ -82,11 +82,35 @@ def _read(d: Path, prefix: str, run_dirs=()) -> pd.DataFrame:
         files = sorted(f for f in d.rglob(f"{prefix}-*.parquet") if not any(o in f.parents for o in others))
     if not files:
         raise NpuMoeError(f"no {prefix} files in {d}; run `npumoe-lab run --platform cpu --timeline`")
-    return normalize(pd.concat([pd.read_parquet(f) for f in files], ignore_index=True))
+    frames = [pd.read_parquet(f).assign(_file=f.name) for f in files]
+    return normalize(pd.concat(frames, ignore_index=True))
+
+
+LEGACY_RUN = "(no run_id)"       # rows and timelines written before runs carried an id
+
+
+def _with_run_id(df: pd.DataFrame) -> pd.DataFrame:
+    ids = df["run_id"] if "run_id" in df else pd.Series(None, index=df.index, dtype=object)
+    return df.assign(run_id=ids.where(ids.notna(), LEGACY_RUN).astype(str))
+
+
+def _check_one_legacy_run(df: pd.DataFrame, keys: list, d: Path) -> None:
+    """Rows and timelines without a run id can be paired only when one run wrote each setting's."""
+    old = df[df["run_id"] == LEGACY_RUN]
+    if old.empty:
+        return
+    files = old.groupby(keys + ["platform"], sort=False)["_file"].nunique()
+    if (files > 1).any():
+        key = ", ".join(f"{k} {v}" for k, v in zip(keys + ["platform"], files[files > 1].index[0]))
+        raise NpuMoeError(f"{d} holds {int(files.max())} runs of the same settings ({key}) written before runs "
+                          "carried a run_id, so their op streams cannot be told apart; move the older run's "
+                          f"rows-*.parquet and timelines/timeline-*.parquet out of {d} (or run into an empty folder)")
 
 
 def _measured_groups(runs_dir):
-    """(run dir, key, result rows, [(op records, timeline) per sample]) of every measured result row group."""
+    """(run dir, key, result rows, [(op records, timeline) per sample]) of every measured result row group. `key`
+    ends with the run's id: runs of the same settings in one folder (a command run again into it) are priced apart,
+    each with its own op streams."""
     dirs = _run_dirs(runs_dir)
     for d in dirs:
         rows = _read(d, "rows")
@@ -98,15 +122,18 @@ def _measured_groups(runs_dir):
         if missing:
             raise NpuMoeError(f"timelines in {d} lack {', '.join(missing)}; re-run `npumoe-lab run "
                               "--platform cpu --timeline` with this version")
+        rows, tls = _with_run_id(rows), _with_run_id(tls)
         tls = tls[tls["platform"].isin(rows["platform"].unique())]
+        _check_one_legacy_run(rows, KEYS, d)
+        _check_one_legacy_run(tls, TL_KEYS, d)
         samples = {}
-        for key, g in tls.groupby(TL_KEYS + ["platform", "sample"], sort=False):
+        for key, g in tls.groupby(TL_KEYS + ["platform", "run_id", "sample"], sort=False):
             samples.setdefault(key[:-1], []).append((timeline_ops(g), g))
-        for key, g in rows.groupby(KEYS + ["platform"], sort=False):
+        for key, g in rows.groupby(KEYS + ["platform", "run_id"], sort=False):
             per_sample = samples.get(tuple(key))
             if not per_sample:
-                raise NpuMoeError(f"no timeline for the measured rows {dict(zip(KEYS + ['platform'], key))} in "
-                                  f"{d}; run with --timeline")
+                raise NpuMoeError(f"no timeline for the measured rows {dict(zip(KEYS + ['platform', 'run_id'], key))}"
+                                  f" in {d}; run with --timeline")
             yield d, key, g, per_sample
 
 
@@ -147,7 +174,7 @@ def validate_runs_by_kind(platform_path, runs_dir, use_anchor: bool = True) -> t
         speed = speed_note(probe, (unc or {}).get("probe_s") or float("nan"))
         why = str(g["host_busy_reason"].iloc[0]) if busy else \
             (f"ran at {ran} torch threads, the fit's rows at {unc['threads']}" if other_threads else "")
-        ident = dict(zip(KEYS + ["platform"], key), dtype=dtype or "")
+        ident = dict(zip(KEYS + ["platform", "run_id"], key), dtype=dtype or "")
         out.append(dict(ident, workload=str(g["workload"].iloc[0])
                         if "workload" in g else "", measured_ttft_s=measured, modeled_ttft_s=pred,
                         modeled_ttft_lo_s=lo, modeled_ttft_hi_s=hi, covered=bool(lo <= measured <= hi),

@@ -28,7 +28,7 @@ PROVENANCE_COLUMNS = ("platform_profile", "platform_hash", "model_fingerprint", 
                       "versions", "host", "created")
 # Stable dtypes whatever the writer produced (a column that is all-None in one file stays comparable).
 STR_COLUMNS = ("model", "workload", "variant", "platform", "score_name", "timing_source", "workload_kind",
-               "energy_source", "cycles_source", "cycles_definition", *PROVENANCE_COLUMNS[:-1])
+               "energy_source", "cycles_source", "cycles_definition", "run_id", *PROVENANCE_COLUMNS[:-1])
 INT_COLUMNS = ("prompt_len", "chunk", "repeat", "group_size", "n_tiers", "cpu_threads", "schema_version")
 FLOAT_COLUMNS = (*TIME_COLUMNS, "cpu_core_s", "n_npu_calls", "drop_rate", "pad_rate", "score", "nll", "top1_agree", "kl",
                  "accuracy_delta", "accuracy_ci_low", "accuracy_ci_high", "hot_threshold")

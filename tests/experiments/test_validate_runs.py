@@ -11,6 +11,7 @@ from npumoe_lab.devices import cpu_model as cm
 from npumoe_lab.devices.cost import attention_cost, expert_ffn_cost, memory_cost
 from npumoe_lab.devices.cpu_fit import load_host_model
 from npumoe_lab.devices.platform import resolve_platform
+from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.experiments.validate_runs import op_kind_errors, validate_runs
 from npumoe_lab.results.store import write_rows, write_timeline
 from tests.devices.test_cpu_model import TRUE, synthetic_ops
@@ -70,8 +71,9 @@ def test_bad_fits_are_one_line_and_write_nothing(case, message, tmp_path, capsys
     assert not (tmp_path / "f" / "cpu-fit.yaml").exists()
 
 
-def fake_run(tmp_path, params):
-    """Two measured result rows and their timelines (one busy); returns (runs dir, modeled TTFT by hand)."""
+def fake_run(tmp_path, params, run_id=None, ttft=0.01):
+    """Two measured result rows and their timelines (one busy); returns (runs dir, modeled TTFT by hand).
+    `run_id`: the id a run writes on its rows and timelines (None: files from before runs carried one)."""
     ops = [("attention", attention_cost(64, 0, 256, 4, 2, 64), (64, 0)),
            ("pack", memory_cost(2 * 64 * 256 * 2.0, "pack"), (64, 256)),
            ("expert_group", expert_ffn_cost(4, 16, 256, 128), (4, 16, 256, 128)),
@@ -87,15 +89,16 @@ def fake_run(tmp_path, params):
     for variant, busy in (("npumoe", False), ("reference", True)):
         for r in range(2):
             rows.append(dict(model="tiny", workload="w", variant=variant, platform="cpu", prompt_len=64, chunk=64,
-                             repeat=r, platform_kind="measured", timing_source="measured", ttft_s=0.01 + r * 1e-3,
-                             ttft_median_s=0.0105, host_busy=busy, host_busy_reason="steal 9%" if busy else ""))
+                             repeat=r, platform_kind="measured", timing_source="measured", ttft_s=ttft + r * 1e-3,
+                             ttft_median_s=ttft + 5e-4, host_busy=busy, host_busy_reason="steal 9%" if busy else "",
+                             **({"run_id": run_id} if run_id else {})))
         for sample in (0, 1):
             for i, (k, c, s) in enumerate(ops):
                 tls.append(dict(event=i, name=k, chunk=0, layer=0, device="cpu", duration_s=1e-3, flops=c.flops,
                                 bytes=c.bytes, calls=c.calls, timing_source="measured", kind=k,
                                 shape=json.dumps(list(s)), gemm=json.dumps(None if c.gemm is None else list(c.gemm)),
                                 variant=variant, platform="cpu", sample=sample, model="tiny", prompt_len=64,
-                                run_chunk=64))
+                                run_chunk=64, **({"run_id": run_id} if run_id else {})))
     write_rows(pd.DataFrame(rows), runs)
     write_timeline(pd.DataFrame(tls), runs / "timelines")
     return runs, by_hand
@@ -172,3 +175,30 @@ def test_a_real_measured_run_is_repriced_from_its_timeline(tmp_path):
                                                           for r in tl.itertuples()]))
     assert len(df) == 1 and df["modeled_ttft_s"].iloc[0] == pytest.approx(by_hand, rel=1e-12)
     assert df["measured_ttft_s"].iloc[0] > 0
+
+
+def test_runs_of_the_same_settings_in_one_folder_are_priced_apart(tmp_path):
+    """A command run again into its folder (README's loop twice) adds content-hashed files beside the first run's:
+    each run is priced with its own op streams, never the two streams summed."""
+    runs, by_hand = fake_run(tmp_path, TRUE, run_id="a" * 16, ttft=0.010)
+    fake_run(tmp_path, TRUE, run_id="b" * 16, ttft=0.012)
+    assert len(list(runs.glob("rows-*.parquet"))) == 2
+    df = validate_runs(fit_file(tmp_path, TRUE), runs)
+    assert sorted(df["run_id"]) == ["a" * 16, "a" * 16, "b" * 16, "b" * 16]
+    assert df["modeled_ttft_s"].tolist() == pytest.approx([by_hand] * 4)
+    got = df.set_index(["variant", "run_id"])["measured_ttft_s"]
+    assert got[("npumoe", "a" * 16)] == pytest.approx(0.0105) and got[("npumoe", "b" * 16)] == pytest.approx(0.0125)
+
+
+def test_two_runs_without_ids_in_one_folder_are_one_clear_error(tmp_path):
+    runs, _ = fake_run(tmp_path, TRUE, ttft=0.010)
+    fake_run(tmp_path, TRUE, ttft=0.012)
+    with pytest.raises(NpuMoeError, match="move the older run's"):
+        validate_runs(fit_file(tmp_path, TRUE), runs)
+
+
+def test_a_run_with_an_id_beside_one_without(tmp_path):
+    runs, by_hand = fake_run(tmp_path, TRUE, ttft=0.010)
+    fake_run(tmp_path, TRUE, run_id="c" * 16, ttft=0.012)
+    df = validate_runs(fit_file(tmp_path, TRUE), runs)
+    assert len(df) == 4 and df["modeled_ttft_s"].tolist() == pytest.approx([by_hand] * 4)
