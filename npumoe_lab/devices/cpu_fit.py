@@ -126,6 +126,33 @@ def _within_slope(rows) -> tuple:
     return _slope(xs, ys, len(xs))
 
 
+def anchor_reliability(rows) -> float:
+    """The share of the spread of a tiny prefill's anchor reading (the log of the median of its repeats' readings)
+    ACROSS prefills that is the host's speed rather than reading noise: 1 - (noise variance of one reading, from the
+    readings' spread within each prefill) / (repeats x the variance across prefills). A slope read against noisy
+    anchors is attenuated by this factor; a run's anchor (the median of many readings) much less. Kept in the fit
+    file for the record (`anchor_reliability`, `anchor_beta_corrected` = beta / it), not used to price: a candidate
+    structure step (docs/CPU_LOOP.md). NaN without 3 such prefills."""
+    if "host_anchor_reps_s" not in rows:
+        return float("nan")
+    within, levels, reps = [], [], []
+    for r in rows.itertuples():
+        a = r.host_anchor_reps_s
+        geom = r.work.get("geometry") if isinstance(r.work, dict) else None
+        if not isinstance(a, list) or len(a) < 3 or geom != "tiny" or not np.all(np.asarray(a, float) > 0):
+            continue
+        la = np.log(np.asarray(a, float))
+        within.append(la - la.mean())
+        levels.append(float(np.log(np.median(a))))
+        reps.append(len(a))
+    if len(levels) < 3:
+        return float("nan")
+    x = np.concatenate(within)
+    noise = float(x @ x) / max(len(x) - len(within), 1)
+    across = float(np.var(levels, ddof=1))
+    return float(np.clip(1.0 - noise / np.mean(reps) / across, 0.0, 1.0)) if across > 0 else float("nan")
+
+
 def _slope(xs, ys, groups) -> tuple:
     if not xs:
         return float("nan"), float("nan"), 0
@@ -169,7 +196,9 @@ def anchor_tracking(rows, prices=None, anchor_s=None) -> dict:
         return {"beta": bw, "beta_se": bw_se, "n_prefills": nw, **out}
     x, y = np.log(agg["a"].to_numpy() / anchor_s), np.log(agg["y"].to_numpy() / agg["p"].to_numpy())
     beta, se, n = _slope([x - x.mean()], [y - y.mean()], len(agg))
-    return {"beta": beta, "beta_se": se, "n_prefills": n, **out, "method": "across prefills"}
+    rel = anchor_reliability(rows)
+    return {"beta": beta, "beta_se": se, "n_prefills": n, **out, "method": "across prefills", "reliability": rel,
+            "beta_corrected": beta / rel if rel > 0 else float("nan")}
 
 
 def fit_host(df, source: str = "", include_busy: bool = False, dtype: str | None = None, cv: bool = True) -> dict:
@@ -264,6 +293,9 @@ def _fit_summary(res: dict, measurements: str, stamp: str) -> dict:
             # the first form's slope over each prefill's repeats (attenuated by the anchor's reading noise): a record
             "anchor_beta_within": (res.get("anchor_tracking") or {}).get("beta_within"),
             "anchor_beta_within_se": (res.get("anchor_tracking") or {}).get("beta_within_se"),
+            # the anchor readings' reliability across prefills and the slope divided by it: a record, not a price
+            "anchor_reliability": (res.get("anchor_tracking") or {}).get("reliability"),
+            "anchor_beta_corrected": (res.get("anchor_tracking") or {}).get("beta_corrected"),
             # the predictive uncertainty of a whole prefill (validate-device --runs): posterior x CV noise
             "posterior_cov_log": [[float(v) for v in row] for row in np.asarray(res["cov_log"])],
             "posterior": "Laplace (Gauss-Newton) approximation at the least-squares optimum, log parameters",

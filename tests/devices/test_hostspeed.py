@@ -214,6 +214,23 @@ def test_the_tracking_slope_is_read_across_prefills_against_the_fits_price(beta)
     assert 0 < got["beta_se"] < 0.05
 
 
+def test_the_anchor_readings_reliability_is_recovered():
+    """Per prefill a true level (sd 0.2 across prefills) read 5 times with noise sd 0.1: the share of the spread of
+    the median reading that is the level, ~0.04 / (0.04 + 0.01 / 5) (the median's noise a little above the mean's)."""
+    import numpy as np
+    rng = np.random.default_rng(3)
+    rows = []
+    for i in range(400):
+        level = rng.normal(0, 0.2)
+        rows.append({"work": {"geometry": "tiny"}, "prefill_reps_s": [1.0] * 5,
+                     "host_anchor_reps_s": list(0.065 * np.exp(level + rng.normal(0, 0.1, 5)))})
+    rows.append({"work": {"geometry": "qwen3-30b-a3b"}, "prefill_reps_s": [1.0] * 3,
+                 "host_anchor_reps_s": [0.01, 1.0, 100.0]})                       # another geometry: ignored
+    got = cpu_fit.anchor_reliability(pd.DataFrame(rows))
+    assert got == pytest.approx(0.04 / (0.04 + 0.01 / 5), abs=0.03)
+    assert math.isnan(cpu_fit.anchor_reliability(pd.DataFrame(rows[:2])))
+
+
 def test_without_prices_the_slope_is_the_within_prefill_one():
     rows = _tracking_rows(0.4)
     assert cpu_fit.anchor_tracking(rows) == cpu_fit.anchor_tracking(rows, None, 0.065)
