@@ -109,17 +109,26 @@ def cross_validated_sigma(ops, y, groups, res) -> dict:
             "median_abs_err": float(np.median(np.abs(np.expm1(errs)))) if errs else float("nan")}
 
 
+def _tiny_repeats(rows, key: str):
+    """(prefill totals or None, anchor readings) per repeat of each tiny-geometry prefill's first row in `rows` that
+    carries `key` (prefill_reps_s: totals and readings of equal length; host_anchor_reps_s: readings), >= 3 repeats."""
+    if key not in rows:
+        return
+    for r in rows.itertuples():
+        t, a = getattr(r, "prefill_reps_s", None), r.host_anchor_reps_s
+        geom = r.work.get("geometry") if isinstance(r.work, dict) else None
+        if geom != "tiny" or not isinstance(a, list) or len(a) < 3:
+            continue
+        if key == "prefill_reps_s" and (not isinstance(t, list) or len(t) != len(a)):
+            continue
+        yield (t if key == "prefill_reps_s" else None), np.asarray(a, float)
+
+
 def _within_slope(rows) -> tuple:
     """The slope of log(prefill total) on log(anchor read just before it), both centred within each tiny prefill,
     pooled over prefills (first rows carry prefill_reps_s / host_anchor_reps_s); (beta, se, n_prefills)."""
-    if "prefill_reps_s" not in rows:
-        return float("nan"), float("nan"), 0
     xs, ys = [], []
-    for r in rows.itertuples():
-        t, a = r.prefill_reps_s, r.host_anchor_reps_s
-        geom = r.work.get("geometry") if isinstance(r.work, dict) else None
-        if not isinstance(t, list) or not isinstance(a, list) or len(t) < 3 or len(t) != len(a) or geom != "tiny":
-            continue
+    for t, a in _tiny_repeats(rows, "prefill_reps_s"):
         lt, la = np.log(t), np.log(a)
         xs.append(la - la.mean())
         ys.append(lt - lt.mean())
@@ -133,15 +142,11 @@ def anchor_reliability(rows) -> float:
     anchors is attenuated by this factor; a run's anchor (the median of many readings) much less. Kept in the fit
     file for the record (`anchor_reliability`, `anchor_beta_corrected` = beta / it), not used to price: a candidate
     structure step (docs/CPU_LOOP.md). NaN without 3 such prefills."""
-    if "host_anchor_reps_s" not in rows:
-        return float("nan")
     within, levels, reps = [], [], []
-    for r in rows.itertuples():
-        a = r.host_anchor_reps_s
-        geom = r.work.get("geometry") if isinstance(r.work, dict) else None
-        if not isinstance(a, list) or len(a) < 3 or geom != "tiny" or not np.all(np.asarray(a, float) > 0):
+    for _, a in _tiny_repeats(rows, "host_anchor_reps_s"):
+        if not np.all(a > 0):
             continue
-        la = np.log(np.asarray(a, float))
+        la = np.log(a)
         within.append(la - la.mean())
         levels.append(float(np.log(np.median(a))))
         reps.append(len(a))

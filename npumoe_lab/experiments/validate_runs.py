@@ -8,9 +8,9 @@ a prefill's modeled TTFT is the sum of its ops. Per result row the modeled TTFT 
 ttft_s is the mean over samples of one repeat) and is compared with the row's median over repeats
 (ttft_median_s). Rows flagged host_busy and runs at another torch thread count than the fit's rows are excluded
 from the statistics and counted. The fit's price is scaled by the speed factor: the speed anchor's median reading
-over the run's repeats divided by its median over the fit rows, raised to the fit's tracking slope (how far the error of `measure`'s
-own prefills against the fit's price followed their anchor, across prefills: cpu_fit.anchor_tracking), for runs of the anchor's geometry (the tiny one,
-`anchor_geometry`; hostspeed.py: the speed of its prefills moves by 20-40 % over minutes on these VMs and the anchor
+over the run's repeats divided by its median over the fit rows, raised to the fit's tracking slope (how far the
+error of `measure`'s own prefills against the fit's price followed their anchor, across prefills:
+cpu_fit.anchor_tracking), for runs of the anchor's geometry (the tiny one, `anchor_geometry`; hostspeed.py: the speed of its prefills moves by 20-40 % over minutes on these VMs and the anchor
 follows it, while the Qwen3 geometry's GEMM-bound prefills barely move and the anchor would only add noise to
 them); `fit_price_s` / `unanchored_abs_err` keep the unscaled price. A run's host speed probe is shown beside the fit rows' median (`host_speed_note`): a reading, not a
 rule (the rule it was, and why it went: hostspeed.py).
@@ -275,9 +275,12 @@ def table_lines(df: pd.DataFrame) -> list:
     lines = ["| model | workload | variant | dtype | prompt | chunk | measured TTFT (s) | modeled TTFT (s) [90 %] | "
              "error | inside | counted | host probe, run vs fit (ms, measured) | speed factor = (anchor run / fit) ** "
              "slope (anchors in ms, measured) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in df.itertuples():
+    # a setting run more than once into one folder: each run is its own row, its variant cell names the run
+    again = df.duplicated(KEYS + ["platform", "run_dir"], keep=False) if "run_id" in df else [False] * len(df)
+    for r, twice in zip(df.itertuples(), again):
         iv = f" [{r.modeled_ttft_lo_s:.4f}, {r.modeled_ttft_hi_s:.4f}]" if np.isfinite(r.modeled_ttft_lo_s) else ""
-        lines.append(f"| {r.model} | {r.workload} | {r.variant} | {r.dtype} | {r.prompt_len} | {r.chunk} | "
+        variant = f"{r.variant} (run {r.run_id[:8]})" if twice else r.variant
+        lines.append(f"| {r.model} | {r.workload} | {variant} | {r.dtype} | {r.prompt_len} | {r.chunk} | "
                      f"{r.measured_ttft_s:.4f} | {r.modeled_ttft_s:.4f}{iv} | {100 * (r.ratio - 1):+.1f} % | "
                      f"{'yes' if r.covered else 'no'} | {'yes' if r.counted else 'no: ' + r.host_busy_reason} | "
                      f"{_probe_cell(r)} | {_anchor_cell(r)} |")

@@ -188,6 +188,10 @@ def test_runs_of_the_same_settings_in_one_folder_are_priced_apart(tmp_path):
     assert df["modeled_ttft_s"].tolist() == pytest.approx([by_hand] * 4)
     got = df.set_index(["variant", "run_id"])["measured_ttft_s"]
     assert got[("npumoe", "a" * 16)] == pytest.approx(0.0105) and got[("npumoe", "b" * 16)] == pytest.approx(0.0125)
+    from npumoe_lab.experiments.validate_runs import table_lines
+    cells = [line.split(" | ")[2] for line in table_lines(df)[2:]]
+    assert sorted(cells) == ["npumoe (run aaaaaaaa)", "npumoe (run bbbbbbbb)", "reference (run aaaaaaaa)",
+                             "reference (run bbbbbbbb)"]
 
 
 def test_two_runs_without_ids_in_one_folder_are_one_clear_error(tmp_path):
