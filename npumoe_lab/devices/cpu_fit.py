@@ -24,6 +24,9 @@ from npumoe_lab.devices.platform import PLATFORM_DIR
 from npumoe_lab.errors import NpuMoeError
 
 FIT_FILE = "cpu-fit.yaml"
+# the correction for the fit anchors' reading noise is capped at 2x (chosen before any draw read it): below this
+# reliability the readings say too little about the host's speed for a larger correction to be trusted
+MIN_RELIABILITY = 0.5
 
 
 def host_op(row) -> dict:
@@ -139,9 +142,8 @@ def anchor_reliability(rows) -> float:
     """The share of the spread of a tiny prefill's anchor reading (the log of the median of its repeats' readings)
     ACROSS prefills that is the host's speed rather than reading noise: 1 - (noise variance of one reading, from the
     readings' spread within each prefill) / (repeats x the variance across prefills). A slope read against noisy
-    anchors is attenuated by this factor; a run's anchor (the median of many readings) much less. Kept in the fit
-    file for the record (`anchor_reliability`, `anchor_beta_corrected` = beta / it), not used to price: a candidate
-    structure step (docs/CPU_LOOP.md). NaN without 3 such prefills."""
+    anchors is attenuated by this factor; a run's anchor (the median of many readings) much less, so runs are
+    priced with beta / reliability (`anchor_tracking`). NaN without 3 such prefills."""
     within, levels, reps = [], [], []
     for _, a in _tiny_repeats(rows, "host_anchor_reps_s"):
         if not np.all(a > 0):
@@ -202,8 +204,20 @@ def anchor_tracking(rows, prices=None, anchor_s=None) -> dict:
     x, y = np.log(agg["a"].to_numpy() / anchor_s), np.log(agg["y"].to_numpy() / agg["p"].to_numpy())
     beta, se, n = _slope([x - x.mean()], [y - y.mean()], len(agg))
     rel = anchor_reliability(rows)
+    corrected = beta / max(rel, MIN_RELIABILITY) if np.isfinite(rel) else float("nan")
     return {"beta": beta, "beta_se": se, "n_prefills": n, **out, "method": "across prefills", "reliability": rel,
-            "beta_corrected": beta / rel if rel > 0 else float("nan")}
+            "beta_corrected": corrected}
+
+
+def pricing_slope(unc: dict | None) -> float:
+    """The slope validate-device --runs scales a fit's price by: the across-prefill slope divided by the fit
+    readings' reliability (`anchor_beta_corrected`), else the slope as read (fits without a reliability), else 1
+    (fits before the slope). Never below 0."""
+    for key in ("anchor_beta_corrected", "anchor_beta"):
+        b = (unc or {}).get(key)
+        if isinstance(b, (int, float)) and np.isfinite(b):
+            return max(float(b), 0.0)
+    return 1.0
 
 
 def fit_host(df, source: str = "", include_busy: bool = False, dtype: str | None = None, cv: bool = True) -> dict:
@@ -298,7 +312,7 @@ def _fit_summary(res: dict, measurements: str, stamp: str) -> dict:
             # the first form's slope over each prefill's repeats (attenuated by the anchor's reading noise): a record
             "anchor_beta_within": (res.get("anchor_tracking") or {}).get("beta_within"),
             "anchor_beta_within_se": (res.get("anchor_tracking") or {}).get("beta_within_se"),
-            # the anchor readings' reliability across prefills and the slope divided by it: a record, not a price
+            # the anchor readings' reliability across prefills and the slope divided by it: the slope runs are priced by
             "anchor_reliability": (res.get("anchor_tracking") or {}).get("reliability"),
             "anchor_beta_corrected": (res.get("anchor_tracking") or {}).get("beta_corrected"),
             # the predictive uncertainty of a whole prefill (validate-device --runs): posterior x CV noise
@@ -411,7 +425,8 @@ def load_host_uncertainty(path, dtype: str | None = None) -> dict | None:
     return {"free": list(summ["free_parameters"]), "cov_log": np.asarray(summ["posterior_cov_log"], float),
             "sigma_log": float(sigma) if sigma is not None and np.isfinite(sigma) else 0.0,
             "threads": summ.get("torch_threads"), "probe_s": summ.get("probe_s"), "anchor_s": summ.get("anchor_s"),
-            "anchor_beta": summ.get("anchor_beta")}
+            "anchor_beta": summ.get("anchor_beta"), "anchor_beta_corrected": summ.get("anchor_beta_corrected"),
+            "anchor_reliability": summ.get("anchor_reliability")}
 
 
 def measured_threads(measurements) -> int | None:
@@ -430,8 +445,11 @@ def _anchor_line(res: dict) -> str:
     if not a or not tr.get("n_prefills"):
         return ""
     how = "across" if tr.get("method") == "across prefills" else "over the repeats of"
+    rel, corr = tr.get("reliability"), tr.get("beta_corrected")
+    priced = (f" (anchor readings' reliability {rel:.2f}: runs priced with slope {corr:.2f})"
+              if rel is not None and corr is not None and np.isfinite(corr) else "")
     return (f"; speed anchor {a * 1e3:.1f} ms (median of the rows), tiny prefills follow it with slope "
-            f"{tr['beta']:.2f} +- {tr['beta_se']:.2f} {how} {tr['n_prefills']} prefills")
+            f"{tr['beta']:.2f} +- {tr['beta_se']:.2f} {how} {tr['n_prefills']} prefills{priced}")
 
 
 def fit_cli(a) -> int:

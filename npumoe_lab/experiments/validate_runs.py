@@ -10,7 +10,7 @@ ttft_s is the mean over samples of one repeat) and is compared with the row's me
 from the statistics and counted. The fit's price is scaled by the speed factor: the speed anchor's median reading
 over the run's repeats divided by its median over the fit rows, raised to the fit's tracking slope (how far the
 error of `measure`'s own prefills against the fit's price followed their anchor, across prefills:
-cpu_fit.anchor_tracking), for runs of the anchor's geometry (the tiny one, `anchor_geometry`; hostspeed.py: the speed of its prefills moves by 20-40 % over minutes on these VMs and the anchor
+cpu_fit.anchor_tracking), divided by the fit anchors' reliability (cpu_fit.pricing_slope), for runs of the anchor's geometry (the tiny one, `anchor_geometry`; hostspeed.py: the speed of its prefills moves by 20-40 % over minutes on these VMs and the anchor
 follows it, while the Qwen3 geometry's GEMM-bound prefills barely move and the anchor would only add noise to
 them); `fit_price_s` / `unanchored_abs_err` keep the unscaled price. A run's host speed probe is shown beside the fit rows' median (`host_speed_note`): a reading, not a
 rule (the rule it was, and why it went: hostspeed.py).
@@ -24,7 +24,7 @@ import pandas as pd
 from scipy.stats import norm
 
 from npumoe_lab.devices import cpu_model
-from npumoe_lab.devices.cpu_fit import load_host_model, load_host_uncertainty
+from npumoe_lab.devices.cpu_fit import load_host_model, load_host_uncertainty, pricing_slope
 from npumoe_lab.devices.hostspeed import PROBE_LIMIT, anchor_factor, speed_note
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.results.atomic import atomic_open
@@ -159,9 +159,8 @@ def validate_runs_by_kind(platform_path, runs_dir, use_anchor: bool = True) -> t
         # the host's speed at the run vs at the fit rows (hostspeed.py's anchor): the fit's price scaled by it
         anchor = float(g["host_anchor_s"].median()) if "host_anchor_s" in g else float("nan")
         same = bool(g["anchor_geometry"].eq(True).all()) if "anchor_geometry" in g else False
-        beta = (unc or {}).get("anchor_beta")
-        beta = float(beta) if isinstance(beta, (int, float)) and np.isfinite(beta) else 1.0   # fits before the slope
-        factor = anchor_factor(anchor, (unc or {}).get("anchor_s")) ** max(beta, 0.0) if use_anchor and same else 1.0
+        beta = pricing_slope(unc)
+        factor = anchor_factor(anchor, (unc or {}).get("anchor_s")) ** beta if use_anchor and same else 1.0
         pred, lo, hi = price * factor, lo * factor, hi * factor
         measured = _measured_ttft(g)
         busy = bool(g["host_busy"].any()) if "host_busy" in g else False

@@ -263,3 +263,49 @@ def test_a_runs_factor_is_raised_to_the_fits_slope(tmp_path):
     got = validate_runs(path, runs)
     assert got["speed_factor"].tolist() == pytest.approx([1.2, 1.2])              # 1.44 ** 0.5
     assert (got["modeled_ttft_s"] / got["fit_price_s"]).tolist() == pytest.approx([1.2, 1.2])
+
+
+def test_a_runs_factor_uses_the_slope_corrected_for_the_fit_anchors_reliability(tmp_path):
+    """With a reliability in the fit file, the slope priced by is beta / reliability (0.5 / 0.625 = 0.8: a factor
+    of 1.44 ** 0.8); a reliability below MIN_RELIABILITY corrects by at most 1 / MIN_RELIABILITY."""
+    import yaml
+    from tests.devices.test_cpu_model import TRUE
+    from tests.devices.test_host_fit import _rows_df
+    from tests.experiments.test_validate_runs import fake_run
+    from npumoe_lab.experiments.validate_runs import validate_runs
+    df = _rows_df(tmp_path, {"bf16": TRUE})
+    df["host_anchor_s"] = 0.05
+    res = cpu_fit.fit_host(df)
+    res["anchor_tracking"] = {"beta": 0.5, "beta_se": 0.01, "n_prefills": 10, "reliability": 0.625,
+                              "beta_corrected": 0.8}
+    path = cpu_fit.write_fit(res, tmp_path / "f", "m")
+    fit = yaml.safe_load(path.read_text())["host_fit"]
+    assert fit["anchor_beta"] == 0.5 and fit["anchor_beta_corrected"] == 0.8
+    runs, _ = fake_run(tmp_path, cpu_fit.load_host_model(path))
+    rows_file = next(runs.glob("rows-*.parquet"))
+    rows = pd.read_parquet(rows_file)
+    rows["host_busy"], rows["host_anchor_s"], rows["anchor_geometry"] = False, 0.05 * 1.44, True
+    rows.to_parquet(rows_file)
+    got = validate_runs(path, runs)
+    assert got["speed_factor"].tolist() == pytest.approx([1.44 ** 0.8] * 2)
+    assert cpu_fit.pricing_slope({"anchor_beta": 0.5}) == 0.5                    # fits without a reliability
+    assert cpu_fit.pricing_slope({}) == 1.0                                       # fits before the slope
+    assert cpu_fit.pricing_slope({"anchor_beta": -0.2, "anchor_beta_corrected": float("nan")}) == 0.0
+
+
+def test_the_reliability_correction_is_capped():
+    """anchor_tracking divides by max(reliability, MIN_RELIABILITY): noisy readings can at most double the slope."""
+    rows, prices = _across_rows(0.6)
+    import numpy as np
+    rng = np.random.default_rng(1)
+    rows["prefill_reps_s"] = None
+    rows["host_anchor_reps_s"] = None
+    reps = {}
+    for i, g in enumerate(cpu_fit.prefill_group(r) for r in rows.to_dict("records")):
+        if g and g.startswith("tiny") and g not in reps:           # the first row of each prefill: its readings
+            reps[g] = i
+            rows.at[i, "host_anchor_reps_s"] = list(0.065 * np.exp(rng.normal(0, 1.0, 3)))   # pure noise
+            rows.at[i, "prefill_reps_s"] = [1.0] * 3
+    got = cpu_fit.anchor_tracking(rows, prices, 0.065)
+    assert got["reliability"] < cpu_fit.MIN_RELIABILITY
+    assert got["beta_corrected"] == pytest.approx(got["beta"] / cpu_fit.MIN_RELIABILITY)
