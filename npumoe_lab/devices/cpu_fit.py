@@ -142,8 +142,9 @@ def anchor_reliability(rows) -> float:
     """The share of the spread of a tiny prefill's anchor reading (the log of the median of its repeats' readings)
     ACROSS prefills that is the host's speed rather than reading noise: 1 - (noise variance of one reading, from the
     readings' spread within each prefill) / (repeats x the variance across prefills). A slope read against noisy
-    anchors is attenuated by this factor; a run's anchor (the median of many readings) much less, so runs are
-    priced with beta / reliability (`anchor_tracking`). NaN without 3 such prefills."""
+    anchors is attenuated by this factor; a run's anchor (the median of many readings) much less. Kept in the fit
+    file with beta / it (`anchor_beta_corrected`), not used to price (pricing_slope says why). NaN without 3 such
+    prefills."""
     within, levels, reps = [], [], []
     for _, a in _tiny_repeats(rows, "host_anchor_reps_s"):
         if not np.all(a > 0):
@@ -210,10 +211,12 @@ def anchor_tracking(rows, prices=None, anchor_s=None) -> dict:
 
 
 def pricing_slope(unc: dict | None) -> float:
-    """The slope validate-device --runs scales a fit's price by: the across-prefill slope divided by the fit
-    readings' reliability (`anchor_beta_corrected`), else the slope as read (fits without a reliability), else 1
-    (fits before the slope). Never below 0."""
-    for key in ("anchor_beta_corrected", "anchor_beta"):
+    """The slope validate-device --runs scales a fit's price by: the across-prefill slope as read (`anchor_beta`),
+    else 1 (fits before the slope); never below 0. Dividing it by the fit anchors' reliability
+    (`anchor_beta_corrected`) was tried on the development draw of 2026-12-07 and not taken: a steady fit window
+    reads a low reliability (0.39), the capped correction doubled the slope (0.93 -> 1.86), and the tiny fp32 runs
+    were modeled 18-68 % too slow (docs/CPU_LOOP.md). It stays in the fit file for the record."""
+    for key in ("anchor_beta",):
         b = (unc or {}).get(key)
         if isinstance(b, (int, float)) and np.isfinite(b):
             return max(float(b), 0.0)
@@ -312,7 +315,7 @@ def _fit_summary(res: dict, measurements: str, stamp: str) -> dict:
             # the first form's slope over each prefill's repeats (attenuated by the anchor's reading noise): a record
             "anchor_beta_within": (res.get("anchor_tracking") or {}).get("beta_within"),
             "anchor_beta_within_se": (res.get("anchor_tracking") or {}).get("beta_within_se"),
-            # the anchor readings' reliability across prefills and the slope divided by it: the slope runs are priced by
+            # the anchor readings' reliability across prefills and the slope divided by it: a record, not a price
             "anchor_reliability": (res.get("anchor_tracking") or {}).get("reliability"),
             "anchor_beta_corrected": (res.get("anchor_tracking") or {}).get("beta_corrected"),
             # the predictive uncertainty of a whole prefill (validate-device --runs): posterior x CV noise
@@ -446,7 +449,7 @@ def _anchor_line(res: dict) -> str:
         return ""
     how = "across" if tr.get("method") == "across prefills" else "over the repeats of"
     rel, corr = tr.get("reliability"), tr.get("beta_corrected")
-    priced = (f" (anchor readings' reliability {rel:.2f}: runs priced with slope {corr:.2f})"
+    priced = (f" (anchor readings' reliability {rel:.2f}; divided by it, {corr:.2f}: recorded, not used)"
               if rel is not None and corr is not None and np.isfinite(corr) else "")
     return (f"; speed anchor {a * 1e3:.1f} ms (median of the rows), tiny prefills follow it with slope "
             f"{tr['beta']:.2f} +- {tr['beta_se']:.2f} {how} {tr['n_prefills']} prefills{priced}")

@@ -265,9 +265,9 @@ def test_a_runs_factor_is_raised_to_the_fits_slope(tmp_path):
     assert (got["modeled_ttft_s"] / got["fit_price_s"]).tolist() == pytest.approx([1.2, 1.2])
 
 
-def test_a_runs_factor_uses_the_slope_corrected_for_the_fit_anchors_reliability(tmp_path):
-    """With a reliability in the fit file, the slope priced by is beta / reliability (0.5 / 0.625 = 0.8: a factor
-    of 1.44 ** 0.8); a reliability below MIN_RELIABILITY corrects by at most 1 / MIN_RELIABILITY."""
+def test_the_slope_corrected_for_reliability_is_recorded_not_priced(tmp_path):
+    """The fit file keeps beta / reliability (0.8) beside beta (0.5); runs are priced with beta as read (a factor
+    of 1.44 ** 0.5): the correction was tried on the development draw and not taken (cpu_fit.pricing_slope)."""
     import yaml
     from tests.devices.test_cpu_model import TRUE
     from tests.devices.test_host_fit import _rows_df
@@ -287,8 +287,8 @@ def test_a_runs_factor_uses_the_slope_corrected_for_the_fit_anchors_reliability(
     rows["host_busy"], rows["host_anchor_s"], rows["anchor_geometry"] = False, 0.05 * 1.44, True
     rows.to_parquet(rows_file)
     got = validate_runs(path, runs)
-    assert got["speed_factor"].tolist() == pytest.approx([1.44 ** 0.8] * 2)
-    assert cpu_fit.pricing_slope({"anchor_beta": 0.5}) == 0.5                    # fits without a reliability
+    assert got["speed_factor"].tolist() == pytest.approx([1.2] * 2)
+    assert cpu_fit.pricing_slope({"anchor_beta": 0.5, "anchor_beta_corrected": 0.8}) == 0.5
     assert cpu_fit.pricing_slope({}) == 1.0                                       # fits before the slope
     assert cpu_fit.pricing_slope({"anchor_beta": -0.2, "anchor_beta_corrected": float("nan")}) == 0.0
 
