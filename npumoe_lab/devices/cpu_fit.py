@@ -216,11 +216,8 @@ def pricing_slope(unc: dict | None) -> float:
     (`anchor_beta_corrected`) was tried on the development draw of 2026-12-07 and not taken: a steady fit window
     reads a low reliability (0.39), the capped correction doubled the slope (0.93 -> 1.86), and the tiny fp32 runs
     were modeled 18-68 % too slow (docs/CPU_LOOP.md). It stays in the fit file for the record."""
-    for key in ("anchor_beta",):
-        b = (unc or {}).get(key)
-        if isinstance(b, (int, float)) and np.isfinite(b):
-            return max(float(b), 0.0)
-    return 1.0
+    b = (unc or {}).get("anchor_beta")
+    return max(float(b), 0.0) if isinstance(b, (int, float)) and np.isfinite(b) else 1.0
 
 
 def fit_host(df, source: str = "", include_busy: bool = False, dtype: str | None = None, cv: bool = True) -> dict:
@@ -428,8 +425,7 @@ def load_host_uncertainty(path, dtype: str | None = None) -> dict | None:
     return {"free": list(summ["free_parameters"]), "cov_log": np.asarray(summ["posterior_cov_log"], float),
             "sigma_log": float(sigma) if sigma is not None and np.isfinite(sigma) else 0.0,
             "threads": summ.get("torch_threads"), "probe_s": summ.get("probe_s"), "anchor_s": summ.get("anchor_s"),
-            "anchor_beta": summ.get("anchor_beta"), "anchor_beta_corrected": summ.get("anchor_beta_corrected"),
-            "anchor_reliability": summ.get("anchor_reliability")}
+            "anchor_beta": summ.get("anchor_beta")}
 
 
 def measured_threads(measurements) -> int | None:

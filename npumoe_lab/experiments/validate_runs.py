@@ -10,9 +10,11 @@ ttft_s is the mean over samples of one repeat) and is compared with the row's me
 from the statistics and counted. The fit's price is scaled by the speed factor: the speed anchor's median reading
 over the run's repeats divided by its median over the fit rows, raised to the fit's tracking slope (how far the
 error of `measure`'s own prefills against the fit's price followed their anchor, across prefills:
-cpu_fit.anchor_tracking, cpu_fit.pricing_slope), for runs of the anchor's geometry (the tiny one, `anchor_geometry`; hostspeed.py: the speed of its prefills moves by 20-40 % over minutes on these VMs and the anchor
-follows it, while the Qwen3 geometry's GEMM-bound prefills barely move and the anchor would only add noise to
-them); `fit_price_s` / `unanchored_abs_err` keep the unscaled price. A run's host speed probe is shown beside the fit rows' median (`host_speed_note`): a reading, not a
+cpu_fit.anchor_tracking, cpu_fit.pricing_slope), for runs of the anchor's geometry (the tiny one,
+`anchor_geometry`; hostspeed.py: the speed of its prefills moves by 20-40 % over minutes on these VMs and the
+anchor follows it, while the Qwen3 geometry's GEMM-bound prefills barely move and the anchor would only add noise
+to them); `fit_price_s` / `unanchored_abs_err` keep the unscaled price. A run's host speed probe is shown beside
+the fit rows' median (`host_speed_note`): a reading, not a
 rule (the rule it was, and why it went: hostspeed.py).
 """
 from __future__ import annotations

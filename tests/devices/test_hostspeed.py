@@ -242,8 +242,9 @@ def test_no_repeats_no_slope():
     assert got["n_prefills"] == 0 and math.isnan(got["beta"])
 
 
-def test_a_runs_factor_is_raised_to_the_fits_slope(tmp_path):
-    """validate-device --runs: modeled = price x (run anchor / fit anchor) ** beta, beta from the fit file."""
+def _priced_runs(tmp_path, tracking: dict):
+    """A bf16 fit (anchor 0.05 s) with `tracking` as its anchor_tracking, written; a fake run at an anchor 1.44x the
+    fit's, priced by validate-device --runs: (the fit file's host_fit section, validate_runs' table)."""
     import yaml
     from tests.devices.test_cpu_model import TRUE
     from tests.devices.test_host_fit import _rows_df
@@ -252,15 +253,20 @@ def test_a_runs_factor_is_raised_to_the_fits_slope(tmp_path):
     df = _rows_df(tmp_path, {"bf16": TRUE})
     df["host_anchor_s"] = 0.05
     res = cpu_fit.fit_host(df)
-    res["anchor_tracking"] = {"beta": 0.5, "beta_se": 0.01, "n_prefills": 10}
+    res["anchor_tracking"] = tracking
     path = cpu_fit.write_fit(res, tmp_path / "f", "m")
-    assert yaml.safe_load(path.read_text())["host_fit"]["anchor_beta"] == 0.5
     runs, _ = fake_run(tmp_path, cpu_fit.load_host_model(path))
     rows_file = next(runs.glob("rows-*.parquet"))
     rows = pd.read_parquet(rows_file)
     rows["host_busy"], rows["host_anchor_s"], rows["anchor_geometry"] = False, 0.05 * 1.44, True
     rows.to_parquet(rows_file)
-    got = validate_runs(path, runs)
+    return yaml.safe_load(path.read_text())["host_fit"], validate_runs(path, runs)
+
+
+def test_a_runs_factor_is_raised_to_the_fits_slope(tmp_path):
+    """validate-device --runs: modeled = price x (run anchor / fit anchor) ** beta, beta from the fit file."""
+    fit, got = _priced_runs(tmp_path, {"beta": 0.5, "beta_se": 0.01, "n_prefills": 10})
+    assert fit["anchor_beta"] == 0.5
     assert got["speed_factor"].tolist() == pytest.approx([1.2, 1.2])              # 1.44 ** 0.5
     assert (got["modeled_ttft_s"] / got["fit_price_s"]).tolist() == pytest.approx([1.2, 1.2])
 
@@ -268,29 +274,14 @@ def test_a_runs_factor_is_raised_to_the_fits_slope(tmp_path):
 def test_the_slope_corrected_for_reliability_is_recorded_not_priced(tmp_path):
     """The fit file keeps beta / reliability (0.8) beside beta (0.5); runs are priced with beta as read (a factor
     of 1.44 ** 0.5): the correction was tried on the development draw and not taken (cpu_fit.pricing_slope)."""
-    import yaml
-    from tests.devices.test_cpu_model import TRUE
-    from tests.devices.test_host_fit import _rows_df
-    from tests.experiments.test_validate_runs import fake_run
-    from npumoe_lab.experiments.validate_runs import validate_runs
-    df = _rows_df(tmp_path, {"bf16": TRUE})
-    df["host_anchor_s"] = 0.05
-    res = cpu_fit.fit_host(df)
-    res["anchor_tracking"] = {"beta": 0.5, "beta_se": 0.01, "n_prefills": 10, "reliability": 0.625,
-                              "beta_corrected": 0.8}
-    path = cpu_fit.write_fit(res, tmp_path / "f", "m")
-    fit = yaml.safe_load(path.read_text())["host_fit"]
-    assert fit["anchor_beta"] == 0.5 and fit["anchor_beta_corrected"] == 0.8
-    runs, _ = fake_run(tmp_path, cpu_fit.load_host_model(path))
-    rows_file = next(runs.glob("rows-*.parquet"))
-    rows = pd.read_parquet(rows_file)
-    rows["host_busy"], rows["host_anchor_s"], rows["anchor_geometry"] = False, 0.05 * 1.44, True
-    rows.to_parquet(rows_file)
-    got = validate_runs(path, runs)
+    fit, got = _priced_runs(tmp_path, {"beta": 0.5, "beta_se": 0.01, "n_prefills": 10, "reliability": 0.625,
+                                       "beta_corrected": 0.8})
+    assert fit["anchor_beta"] == 0.5 and fit["anchor_beta_corrected"] == 0.8 and fit["anchor_reliability"] == 0.625
     assert got["speed_factor"].tolist() == pytest.approx([1.2] * 2)
     assert cpu_fit.pricing_slope({"anchor_beta": 0.5, "anchor_beta_corrected": 0.8}) == 0.5
     assert cpu_fit.pricing_slope({}) == 1.0                                       # fits before the slope
-    assert cpu_fit.pricing_slope({"anchor_beta": -0.2, "anchor_beta_corrected": float("nan")}) == 0.0
+    assert cpu_fit.pricing_slope({"anchor_beta": -0.2}) == 0.0
+    assert cpu_fit.pricing_slope({"anchor_beta": float("nan")}) == 1.0
 
 
 def test_the_reliability_correction_is_capped():
