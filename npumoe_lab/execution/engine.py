@@ -35,6 +35,9 @@ NORM_RULES = ("activation_norm", "weight_x_norm")     # saliency rules that read
 # capacity, so one full expert made the group's bmm compute G x C rows (the tiny model's accuracy curve: 2-3x its
 # filled rows). A deterministic function of the routing, so a batch and its sequences alone choose alike; 0: never.
 PER_EXPERT_SPLIT = 1.6
+# ... except groups whose weights are in another dtype than the activations (the NPU's fp16 on a CPU with a native
+# fp16 GEMM): one small fp16 `mm` per expert costs more than the rows it saves (docs/PERFORMANCE.md, 2026-12-07).
+SPLIT_CAST_GROUPS = False
 
 
 @dataclass
@@ -300,7 +303,8 @@ class PlanExecutor:
         if fill is not None:   # one bmm per group; skipping padding trims the rows past the group's fullest expert
             fills = [fill[e] for e in gs.experts]
             m = max(fills)
-            if PER_EXPERT_SPLIT and G > 1 and G * m >= PER_EXPERT_SPLIT * sum(fills):
+            if PER_EXPERT_SPLIT and G > 1 and G * m >= PER_EXPERT_SPLIT * sum(fills) and \
+                    (SPLIT_CAST_GROUPS or isinstance(w, EmulatedFp16Weights) or w.gate_up.dtype == x.dtype):
                 if isinstance(w, EmulatedFp16Weights):     # the roundings once per group, the GEMMs per expert
                     return emulated_split_ffn, (x, w, y, fills)
                 return _run_split, (x, self._split_weights(handle.layer, j, w), y, fills, self._work)

@@ -37,6 +37,7 @@ def test_batch_equals_each_sequence_alone(tiny, variant, saliency, percentile, T
     splits = []                             # groups run expert by expert on their filled rows (engine.py)
     for name in ("emulated_split_ffn", "_run_split"):   # fp16 emulated here; a native fp16 GEMM elsewhere
         monkeypatch.setattr(engine, name, lambda *a, f=getattr(engine, name): splits.append(1) or f(*a))
+    monkeypatch.setattr(engine, "SPLIT_CAST_GROUPS", True)     # split native fp16 groups too (off by default)
     plat = get_platform("m2-max")
     profile = calibration_profile(model, tok, "mixed", 256, 2048)
     plan = variant_plan(profile, variant, model, platform=plat, percentile=percentile, saliency=saliency)

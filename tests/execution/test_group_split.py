@@ -27,9 +27,15 @@ def _spy(monkeypatch):
     return split, whole
 
 
-@pytest.mark.parametrize("npu_dtype", [None, torch.float16])
+@pytest.mark.parametrize("npu_dtype,flags", [(None, None), (torch.float16, "avx2,fma"),
+                                              (torch.float16, "avx2,fma,avx512_fp16")])
 @torch.no_grad()
-def test_split_groups_compute_only_filled_rows_and_keep_the_outputs(monkeypatch, npu_dtype):
+def test_split_groups_compute_only_filled_rows_and_keep_the_outputs(monkeypatch, npu_dtype, flags):
+    """Plain weights and emulated fp16 (a CPU without an fp16 GEMM) split; fp16 weights on a CPU with a native fp16
+    GEMM do not (SPLIT_CAST_GROUPS: one small fp16 mm per expert costs more than the rows it saves) unless asked."""
+    if flags:
+        monkeypatch.setenv("NPUMOE_CPU_FLAGS", flags)
+    native = flags is not None and "avx512_fp16" in flags
     m = experts_module()
     h = LayerHandle(0, m)
     hidden = torch.randn(T, H, generator=torch.Generator().manual_seed(7))
@@ -44,8 +50,14 @@ def test_split_groups_compute_only_filled_rows_and_keep_the_outputs(monkeypatch,
     split, whole = _spy(monkeypatch)
     kw = dict(cpu_kernel="torch", pad_rows="skip", npu_dtype=npu_dtype)
     y_split = PlanExecutor(plan(cap), [h], **kw)(h, hidden, idx, w)
+    if native:
+        assert split == [] and sorted(whole) == sorted((4, max(g)) for g in groups)
+        split.clear()
+        whole.clear()
+        monkeypatch.setattr(engine, "SPLIT_CAST_GROUPS", True)     # asked for: the per-expert path
+        y_split = PlanExecutor(plan(cap), [h], **kw)(h, hidden, idx, w)
     assert split == want_split
-    if npu_dtype is None:                    # the generic split: one [1, f] bmm per filled expert
+    if npu_dtype is None or native:          # the generic split: one [1, f] bmm per filled expert
         assert sorted(whole) == sorted([(1, f) for g in want_split for f in g if f]
                                        + [(4, max(g)) for g in groups if g not in want_split])
     split.clear()
