@@ -163,9 +163,11 @@ def run(args) -> dict:
 def slice_comparison(args) -> str:
     """On the same slice (K samples of the first task, two plans), interleaved in this process on one thread
     (process CPU seconds: what a quiet core takes; the host may be shared): the one-at-a-time curve, the batched
-    one, and the batched one as it ran before groups were split expert by expert (engine.PER_EXPERT_SPLIT = 0).
-    One at a time and batched are asserted equal in every row and per-sample outcome; the earlier path differs from
-    them only in fp32 summation order inside the split groups (the count of samples whose NLL moved is printed)."""
+    one, and the batched one with this CPU's other choice of the group split: where the NPU's fp16 groups split
+    expert by expert (emulated fp16), without it (engine.PER_EXPERT_SPLIT = 0, the path before the split); where
+    they do not (a native fp16 GEMM: engine.SPLIT_CAST_GROUPS), with it forced on. One at a time and batched are
+    asserted equal in every row and per-sample outcome; the other choice differs from them only in fp32 summation
+    order inside the split groups (the count of samples whose NLL moved is printed)."""
     import tempfile
 
     import torch
@@ -179,28 +181,33 @@ def slice_comparison(args) -> str:
               n=args.slice, platform=args.platform, seed=args.seed, draws=args.draws,
               calib_tokens=args.calib_tokens, ref_cache=tempfile.mkdtemp(prefix="npumoe-slice-"))
     accuracy_curve(batch=args.batch, bar=_NoBar(), **kw)          # references into the cache, warm
-    split = engine.PER_EXPERT_SPLIT
-    runs = {"one": (1, split), "batch": (args.batch, split), "before": (args.batch, 0)}
+    from npumoe_lab.core.numerics import FP16, emulates
+    split, cast = engine.PER_EXPERT_SPLIT, engine.SPLIT_CAST_GROUPS
+    splits_here = emulates(FP16) or cast                 # does the default split this CPU's fp16 groups?
+    other = (0, cast) if splits_here else (split, True)
+    runs = {"one": (1, split, cast), "batch": (args.batch, split, cast), "other": (args.batch, *other)}
     cpu, got = {k: [] for k in runs}, {}
     try:
         for r in range(3):
             for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
-                batch, engine.PER_EXPERT_SPLIT = runs[name]
+                batch, engine.PER_EXPERT_SPLIT, engine.SPLIT_CAST_GROUPS = runs[name]
                 c0 = time.process_time()
                 got[name] = accuracy_curve(batch=batch, bar=_NoBar(), **kw)
                 cpu[name].append(time.process_time() - c0)
     finally:
-        engine.PER_EXPERT_SPLIT = split
+        engine.PER_EXPERT_SPLIT, engine.SPLIT_CAST_GROUPS = split, cast
     keep = [c for c in got["one"][0].columns if c not in ("created", "ref_cached")]
     pd.testing.assert_frame_equal(got["one"][0][keep], got["batch"][0][keep], check_exact=True)
     pd.testing.assert_frame_equal(got["one"][1], got["batch"][1], check_exact=True)
     import statistics
     c = {k: statistics.median(v) for k, v in cpu.items()}
-    moved = int((got["before"][1].nll != got["batch"][1].nll).sum())
+    moved = int((got["other"][1].nll != got["batch"][1].nll).sum())
+    how = ("without the group split (the split on, by default here" if splits_here else
+           "with the group split forced on (native fp16: off by default here")
     return (f"slice {kw['workloads'][0]} n = {args.slice} x {len(kw['percentiles'])} plans (references cached), "
             f"process CPU (medians of 3, interleaved, measured): one at a time {c['one']:.1f} s, batch {args.batch} "
             f"{c['batch']:.1f} s ({c['one'] / c['batch']:.2f}x; rows and per-sample outcomes equal), batch "
-            f"{args.batch} before the group split {c['before']:.1f} s (the split: {c['before'] / c['batch']:.2f}x; "
+            f"{args.batch} {how}) {c['other']:.1f} s (default / other: {c['batch'] / c['other']:.2f}x; "
             f"{moved} of {len(got['batch'][1])} sample NLLs moved in the last bits)")
 
 
