@@ -50,6 +50,18 @@ def decode_routing(src, specs, n_tokens: int, seed: int) -> list:
     """[step] -> {layer: (top_k_index [1, K], weights [1, K], norms [1])}: one token per step from the source."""
     if not n_tokens:
         return []
+    # kept on the source for its next calls (a sweep's cells reuse one parsed source: the same steps every cell);
+    # every caller reads them only (step_counts, replay_decode)
+    kept = src.__dict__.setdefault("_decode_steps", {}) if hasattr(src, "__dict__") else {}
+    key = (tuple((s.layer, s.n_experts, s.top_k) for s in specs), n_tokens, seed)
+    if key not in kept:
+        if len(kept) >= 16:
+            kept.clear()
+        kept[key] = _decode_routing(src, specs, n_tokens, seed)
+    return kept[key]
+
+
+def _decode_routing(src, specs, n_tokens: int, seed: int) -> list:
     if hasattr(src, "_sampled") and hasattr(src, "_gini"):
         # a view of the source with its own memo of draws: the prefill's draws and routing_gini stay as they were
         src = copy.copy(src)
