@@ -60,18 +60,18 @@ def cli_args(routing: str, draws: int, out, platforms: str = GRID["platforms"], 
     return [sys.executable, "-m", "npumoe_lab", "simulate"] + [x for kv in flags.items() for x in kv]
 
 
-def _cache_env(folder) -> dict:
+def _cache_env(folder, extra: dict | None = None) -> dict:
     """The environment of a child run: this checkout first on the path, the draw and plan caches on, in `folder`
     (switched on explicitly: the in-process grid, timed first, switches them off in this process's environment,
     which a child inherited until 2026-12-04: the "warm" command lines timed before then ran with the draw cache
     off, so they were cold; docs/PERFORMANCE.md says so)."""
     return {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
             "NPUMOE_NO_PROGRESS": "1", "NPUMOE_CACHE_DIR": str(folder), "NPUMOE_DRAW_CACHE": "on",
-            "NPUMOE_PLAN_CACHE": "on"}
+            "NPUMOE_PLAN_CACHE": "on", **(extra or {})}
 
 
 def timed_cli(routing: str, draws: int, repeats: int, platforms: str = GRID["platforms"],
-              workers: int | None = None, cache: str = "cold"):
+              workers: int | None = None, cache: str = "cold", extra_env: dict | None = None):
     """(median wall s, median child CPU s (user + sys), walls): the grid's simulate command run `repeats` times,
     each in a fresh process (imports, simulation, printing and writing the rows all counted). `cache` "cold": each
     run with empty draw and plan caches (every routing draw sampled, every plan built, then written); "warm": all
@@ -81,13 +81,13 @@ def timed_cli(routing: str, draws: int, repeats: int, platforms: str = GRID["pla
         if cache == "warm":
             with tempfile.TemporaryDirectory() as out:
                 subprocess.run(cli_args(routing, draws, Path(out) / "rows", platforms, workers), cwd=ROOT,
-                               env=_cache_env(kept), capture_output=True, text=True, check=True)
+                               env=_cache_env(kept, extra_env), capture_output=True, text=True, check=True)
         for _ in range(repeats):
             with tempfile.TemporaryDirectory() as out, tempfile.TemporaryDirectory() as empty:
                 before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 t0 = time.perf_counter()
                 done = subprocess.run(cli_args(routing, draws, Path(out) / "rows", platforms, workers), cwd=ROOT,
-                                      env=_cache_env(kept if cache == "warm" else empty),
+                                      env=_cache_env(kept if cache == "warm" else empty, extra_env),
                                       capture_output=True, text=True)
                 walls.append(time.perf_counter() - t0)
                 after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -98,7 +98,7 @@ def timed_cli(routing: str, draws: int, repeats: int, platforms: str = GRID["pla
     return statistics.median(walls), statistics.median(cpus), walls
 
 
-def timed_sweep(spec: str, workers: int, cache_dir):
+def timed_sweep(spec: str, workers: int, cache_dir, extra_env: dict | None = None):
     """(wall s, child CPU s, cells): the sweep command run once into a fresh folder (every cell computed and
     written; imports, the pool's start-up and the rows' files included), its draw cache in `cache_dir` (empty:
     cold; filled by an earlier sweep: warm)."""
@@ -106,7 +106,8 @@ def timed_sweep(spec: str, workers: int, cache_dir):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "npumoe_lab", "sweep", spec, "--out", out, "--workers",
-                               str(workers)], cwd=ROOT, env=_cache_env(cache_dir), capture_output=True, text=True)
+                               str(workers)], cwd=ROOT, env=_cache_env(cache_dir, extra_env), capture_output=True,
+                              text=True)
         wall = time.perf_counter() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cells = len(list(Path(out).glob("cells/*/DONE.json")))
@@ -143,6 +144,33 @@ def timed(fn, repeats: int):
     return out, statistics.median(walls), statistics.median(cpus), walls
 
 
+GC_MODES = {"relaxed": {"NPUMOE_RELAXED_GC": "on"}, "default": {"NPUMOE_RELAXED_GC": "off"}}
+
+
+def gc_peer(a) -> None:
+    """The relaxed cyclic GC (utils.relaxed_gc) against CPython's thresholds, side by side: the same commands
+    alternated (the order flipped each round), each mode with its own caches: one cold sweep each, then
+    `--gc-repeats` warm ones, and a warm command-line grid every round; medians of child CPU time."""
+    cpu = {(what, mode): [] for what in ("cli warm", "sweep cold", "sweep warm") for mode in GC_MODES}
+    with tempfile.TemporaryDirectory() as relaxed, tempfile.TemporaryDirectory() as default:
+        kept = {"relaxed": relaxed, "default": default}
+        for r in range(a.gc_repeats + 1):
+            for mode, env in (list(GC_MODES.items())[::1 if r % 2 == 0 else -1]):
+                cpu["cli warm", mode].append(timed_cli(a.routing, 0, 1, a.platforms, None, "warm", env)[1])
+                if a.sweep:
+                    cpu["sweep cold" if r == 0 else "sweep warm", mode].append(
+                        timed_sweep("sweeps/simulate_10k.yaml", a.sweep_workers, kept[mode], env)[1])
+    for what in ("cli warm", "sweep cold", "sweep warm"):
+        got = {mode: cpu[what, mode] for mode in GC_MODES if cpu[what, mode]}
+        if len(got) == 2:
+            med = {m: statistics.median(v) for m, v in got.items()}
+            print(f"cyclic GC relaxed vs CPython's thresholds, {what} ({len(got['relaxed'])} each, alternated): "
+                  f"{med['relaxed']:.1f} s vs {med['default']:.1f} s child CPU: CPython's take "
+                  f"{med['default'] / med['relaxed']:.2f}x the relaxed CPU (runs: "
+                  f"{', '.join(f'{t:.1f}' for t in got['relaxed'])} vs "
+                  f"{', '.join(f'{t:.1f}' for t in got['default'])})")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeats", type=int, default=1)
@@ -164,6 +192,10 @@ def main(argv=None) -> int:
                     help="interleaved runs of the grid at --decode-tokens and at 0 for their CPU-time ratio "
                          "(median; target <= 1.2x; 0: skip; 3 repeats spread about +-0.06 around it on a quiet "
                          "2-core VM, hence 7)")
+    ap.add_argument("--gc-peer", action="store_true",
+                    help="also time the command-line grid (warm) and the sweep (cold, warm) with the cyclic GC at "
+                         "CPython's thresholds (NPUMOE_RELAXED_GC=off) beside the relaxed default, alternated")
+    ap.add_argument("--gc-repeats", type=int, default=2, help="alternated runs of each --gc-peer pair (median)")
     a = ap.parse_args(argv)
     grid = {**GRID, "platforms": a.platforms, "decode_tokens": a.decode_tokens}
     load0 = os.getloadavg()[0]
@@ -206,6 +238,8 @@ def main(argv=None) -> int:
                       f"--workers {a.sweep_workers} --out DIR, a fresh folder; {cells} cells x 16 plans, 8 decode "
                       f"steps each; draw + plan caches {cache}): {wall_s:.1f} s wall, {cpu_s:.1f} s CPU; load average "
                       f"{load1:.1f} -> {os.getloadavg()[0]:.1f}; target <= 60 s")
+    if a.gc_peer:
+        gc_peer(a)
     if a.tables:
         print(paper_scale_markdown(df))
     return 0

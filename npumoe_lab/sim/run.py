@@ -34,7 +34,7 @@ from npumoe_lab.planning.knobs import PlanKnobs
 from npumoe_lab.planning.layout import ExecutionLayout
 from npumoe_lab.planning.plan import variant_plan
 from npumoe_lab.execution.timeline import to_frame
-from npumoe_lab.utils import progress, provenance
+from npumoe_lab.utils import progress, provenance, relaxed_gc
 from npumoe_lab.planning.variants import parse_variants
 from npumoe_lab.sim.geometries import load_geometry
 from npumoe_lab.sim.array_replay import interval_columns, stream_metrics, summarize_stream
@@ -242,6 +242,7 @@ def simulate(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="
     return df
 
 
+@relaxed_gc()
 def simulate_with_timelines(geometry="qwen3-30b-a3b", routing="synthetic:gini=0.6", platforms="m2-max",
                             variants="all", prompt_len=1024, chunk=512, weights: str = "fp16", seed: int = 0,
                             timeline: bool = False, draws: int = 0, engine: str = "array", workers: int = 1,
@@ -297,6 +298,7 @@ def _parallel(geometry, routing, platforms, variants, prompt_len, chunk, weights
     return parallel_rows(units, kwargs, workers, lambda: progress(total=n_rows, desc="simulate"), cost)
 
 
+@relaxed_gc()
 def save_simulation(df: pd.DataFrame, timelines, out) -> list[Path]:
     """The rows (and timelines) of a simulation into `out`; the paths written."""
     paths = [write_rows(df, out)]
