@@ -56,7 +56,12 @@ def write_rows(rows, out_dir, name: str | None = None) -> Path:
     _check_timing_source(df)
     prov = {**provenance(), "created": datetime.now(timezone.utc).isoformat()}
     for col, value in prov.items():
-        df[col] = df[col].where(df[col].notna(), value) if col in df.columns else value
+        if col not in df.columns:
+            df[col] = value
+        else:
+            missing = df[col].isna()
+            if missing.any():        # a column already filled (a simulation's rows) is left as it is
+                df[col] = df[col].where(~missing, value)
     df = normalize(df)
     return _write(df, out_dir, name, "rows")
 
@@ -128,12 +133,16 @@ def normalize(df: pd.DataFrame) -> pd.DataFrame:
 
 def _check_timing_source(df: pd.DataFrame) -> None:
     # DESIGN principle: a time or energy number is never stored without saying measured or modeled.
-    timed = [c for c in TIME_COLUMNS if c in df.columns and df[c].notna().any()]
+    timed, has_time = [], None
+    for c in TIME_COLUMNS:          # column by column: a sub-frame of the timed columns cost more than the check
+        given = df[c].notna().to_numpy() if c in df.columns else None
+        if given is not None and given.any():
+            timed.append(c)
+            has_time = given if has_time is None else has_time | given
     if not timed:
         return
     src = df["timing_source"] if "timing_source" in df.columns else pd.Series([None] * len(df), index=df.index)
-    has_time = df[timed].notna().any(axis=1)
-    bad = src[has_time & ~src.isin(TIMING_SOURCES)]
+    bad = src[has_time & ~src.isin(TIMING_SOURCES).to_numpy()]
     if len(bad):
         raise NpuMoeError(f"rows with {', '.join(timed)} need timing_source in {TIMING_SOURCES}; got "
                           f"{sorted(set(map(str, bad)))}: say whether each number is measured or modeled")

@@ -35,6 +35,16 @@ def test_round_trip_keeps_values_provenance_and_dtypes(tmp_path):
     assert str(df["created"].dtype) == "datetime64[us, UTC]" and df["model"].dtype == "str"
 
 
+def test_untimed_rows_need_no_source_and_given_provenance_is_kept(tmp_path):
+    rows = [_row(ttft_s=None, energy_j=None, timing_source=None, host="lab-mac", git_commit=None),
+            _row(repeat=1, host=None, git_commit="abc123")]
+    write_rows(rows, tmp_path)
+    df = load_results(tmp_path)
+    assert df["timing_source"].isna().tolist() == [True, False]
+    assert df["host"].tolist() == ["lab-mac", store.provenance()["host"]]            # only the missing one filled
+    assert df["git_commit"].tolist() == [store.provenance()["git_commit"], "abc123"]
+
+
 def test_many_files_recursive_union_of_columns_stable_dtypes(tmp_path):
     write_rows([_row(platform=None, chunk=None, timing_source="measured")], tmp_path / "a")
     write_rows(pd.DataFrame([_row(variant="reference", group_size=4)]), tmp_path / "b" / "deep")
@@ -100,6 +110,8 @@ def test_untagged_parquet_with_key_columns_is_loaded(tmp_path):
     ([{"model": "tiny", "variant": "npumoe"}], "lack key column.*workload.*platform"),
     ([_row(timing_source=None)], "timing_source"),
     ([_row(timing_source="guessed")], "measured or modeled"),
+    # only the second row has a time (energy alone), and it has no source: the first row's source does not cover it
+    ([_row(ttft_s=None, energy_j=None), _row(ttft_s=None, timing_source=None)], "energy_j.*measured or modeled"),
     ([_row(prompt_len="long")], "prompt_len.*numbers"),
     ([], "at least one row"),
     (_row(), "wrap it"),
