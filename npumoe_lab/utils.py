@@ -20,10 +20,19 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = REPO_ROOT / "data"
 
 
+OFF_VALUES = ("off", "0", "no", "false")
+
+
+def switched_on(env: str) -> bool:
+    """False where the environment variable `env` says off (NPUMOE_RELAXED_GC, the draw and plan caches)."""
+    return os.environ.get(env, "on").strip().lower() not in OFF_VALUES
+
+
 # Reference cycles are collected when allocations outrun frees by threshold0 container objects (CPython's default
 # is 700). A simulation allocates hundreds of thousands of short-lived containers (pickled plans, row dicts), and
 # each collection that reaches the oldest generation scans every object the process holds (~300k once torch and
-# pandas are imported): measured ~35 % of a warm sweep cell's CPU time (docs/PERFORMANCE.md). Cycles are still
+# pandas are imported): ~30 % of a warm sweep cell's CPU in one process; the 10k sweep command took 1.30x the CPU
+# cold, 1.16x warm, at CPython's thresholds (docs/PERFORMANCE.md, measured side by side). Cycles are still
 # collected at the relaxed thresholds, so memory stays bounded; only their frequency drops.
 RELAXED_GC_THRESHOLDS = (50_000, 20, 100)
 
@@ -34,7 +43,7 @@ def relaxed_gc(thresholds: tuple[int, int, int] = RELAXED_GC_THRESHOLDS):
     then restore them exactly, also after an exception. Results do not depend on it; usable as a decorator.
     NPUMOE_RELAXED_GC=off leaves the thresholds alone (to measure what the relaxation saves, side by side)."""
     before = gc.get_threshold()
-    if os.environ.get("NPUMOE_RELAXED_GC", "on").strip().lower() not in ("off", "0", "no"):
+    if switched_on("NPUMOE_RELAXED_GC"):
         gc.set_threshold(*(max(a, b) for a, b in zip(before, thresholds)))
     try:
         yield

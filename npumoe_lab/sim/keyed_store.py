@@ -17,14 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from npumoe_lab.results.atomic import atomic_open
+from npumoe_lab.utils import OFF_VALUES, switched_on  # noqa: F401  (the caches' switches, re-exported)
 
-OFF_VALUES = ("off", "0", "no", "false")
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
-
-
-def switched_on(env: str) -> bool:
-    """False where the environment variable `env` says off."""
-    return os.environ.get(env, "on").strip().lower() not in OFF_VALUES
 
 
 def feed(h, value) -> None:

@@ -1,6 +1,8 @@
 """The cyclic GC's relaxed thresholds during a simulation: the same rows as at CPython's defaults, thresholds
 restored afterwards (also after an error), a caller's higher thresholds kept, and cycles still collected."""
 import gc
+import multiprocessing
+import os
 
 import pandas as pd
 import pytest
@@ -21,20 +23,29 @@ def default_thresholds():
     gc.set_threshold(*before)
 
 
-def test_rows_equal_at_default_thresholds(default_thresholds, monkeypatch):
+def _fresh_rows_at_cpython_thresholds(grid):
+    """In a fresh (spawned) process: no source, profile or plan kept from the parent's run, caches off."""
+    os.environ.update(NPUMOE_DRAW_CACHE="off", NPUMOE_PLAN_CACHE="off", NPUMOE_RELAXED_GC="off")
+    gc.set_threshold(700, 10, 10)
+    rows, _ = run.simulate_with_timelines(**grid)
+    return gc.get_threshold(), rows
+
+
+def test_rows_equal_to_a_fresh_process_at_cpython_thresholds(default_thresholds, monkeypatch):
+    monkeypatch.setenv("NPUMOE_DRAW_CACHE", "off")
+    monkeypatch.setenv("NPUMOE_PLAN_CACHE", "off")
     seen = []
     original = run.iter_simulation
 
     def spy(*args, **kwargs):
         seen.append(gc.get_threshold())
         yield from original(*args, **kwargs)
-    relaxed, _ = run.simulate_with_timelines(**GRID)
     monkeypatch.setattr(run, "iter_simulation", spy)
-    run.simulate_with_timelines(**GRID)
-    assert seen == [RELAXED_GC_THRESHOLDS]
-    monkeypatch.setattr(run, "iter_simulation", original)
-    plain, _ = run.simulate_with_timelines.__wrapped__(**GRID)   # the undecorated function: default thresholds
-    assert gc.get_threshold() == default_thresholds
+    relaxed, _ = run.simulate_with_timelines(**GRID)
+    assert seen == [RELAXED_GC_THRESHOLDS] and gc.get_threshold() == default_thresholds
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        thresholds, plain = pool.apply(_fresh_rows_at_cpython_thresholds, (GRID,))
+    assert thresholds == default_thresholds
     pd.testing.assert_frame_equal(relaxed.drop(columns=["created"]), plain.drop(columns=["created"]),
                                   check_exact=True)
 
