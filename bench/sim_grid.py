@@ -165,7 +165,7 @@ def gc_peer(a) -> None:
         if len(got) == 2:
             med = {m: statistics.median(v) for m, v in got.items()}
             print(f"cyclic GC relaxed vs CPython's thresholds, {what} ({len(got['relaxed'])} each, alternated): "
-                  f"{med['relaxed']:.1f} s vs {med['default']:.1f} s child CPU: CPython's take "
+                  f"{med['relaxed']:.1f} s vs {med['default']:.1f} s child CPU (measured): CPython's take "
                   f"{med['default'] / med['relaxed']:.2f}x the relaxed CPU (runs: "
                   f"{', '.join(f'{t:.1f}' for t in got['relaxed'])} vs "
                   f"{', '.join(f'{t:.1f}' for t in got['default'])})")
