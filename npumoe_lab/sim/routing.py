@@ -37,7 +37,7 @@ import pandas as pd
 from npumoe_lab.planning.profile import CalibrationProfile
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.sim import draw_cache
-from npumoe_lab.sim.topk import smallest_k
+from npumoe_lab.sim.topk import smallest_k, smallest_k_mask
 from npumoe_lab.sim.textlike import (WORKLOAD_NAMES, check_concentration, dirichlet, load_defaults, mix_names,
                                      tv_overlap)
 
@@ -106,6 +106,14 @@ def sample_routing_np(shares, T: int, K: int, rng: np.random.Generator, perm=Non
     return idx.astype(np.int64), (w / w.sum(1, keepdims=True)).astype(np.float32)
 
 
+def sample_routing_mask(shares, T: int, K: int, rng: np.random.Generator) -> np.ndarray:
+    """[T, E] bool: the experts sample_routing_np(shares, T, K, rng) draws, marked, not ordered and without weights
+    (the same uniforms from `rng`, the same float32 scores; a count needs no more: `.sum(0)` per expert)."""
+    neg = _neg_gumbel(rng.random((T, len(shares)), dtype=np.float32))
+    np.subtract(neg, _logp(shares), out=neg)
+    return smallest_k_mask(neg, K)
+
+
 def sample_routing(shares, T: int, K: int, rng: np.random.Generator, perm=None):
     """sample_routing_np as torch tensors (what the engine's numerics take: bench/moe_layer.py, tests)."""
     import torch      # lazy: a simulation samples in NumPy and never needs torch
@@ -137,8 +145,7 @@ def sampled_gini(shares, K: int, tokens: int = 4096, seed: int = 0, noise: np.nd
     noise, the same float32 subtraction; the weights are not needed). `noise`: `_gini_noise(tokens, E, seed)` where
     the caller draws it once for many shares (zipf_for_gini's bisection)."""
     noise = _gini_noise(tokens, len(shares), seed) if noise is None else noise
-    idx, _ = smallest_k(np.subtract(noise, _logp(shares)), K)
-    return gini(np.bincount(idx.reshape(-1), minlength=len(shares)))
+    return gini(smallest_k_mask(np.subtract(noise, _logp(shares)), K).sum(0))
 
 
 def zipf_shares(E: int, s: float) -> np.ndarray:
@@ -275,9 +282,8 @@ class PopularityRouting:
         for s in specs:
             m = np.zeros((s.n_experts, n_chunks), dtype=np.int64)
             if not varied:       # one popularity for every chunk: all tokens in one draw
-                idx = sample_routing_np(self.calibration[s.layer], chunk * n_chunks, s.top_k, g)[0]
-                chunk_of = np.repeat(np.arange(n_chunks), chunk * s.top_k)
-                np.add.at(m, (idx.reshape(-1), chunk_of), 1)
+                drawn = sample_routing_mask(self.calibration[s.layer], chunk * n_chunks, s.top_k, g)
+                m[:] = drawn.reshape(n_chunks, chunk, s.n_experts).sum(1).T
             for j in range(n_chunks if varied else 0):
                 if self.calib_records is not None:
                     rec = self.calib_records[s.layer]
@@ -288,8 +294,7 @@ class PopularityRouting:
                             self.calibration[s.layer][None]
                         doc = dirichlet(src[(j // CALIBRATION_DOC_CHUNKS) % len(src)], self.doc_concentration, g)
                     shares = dirichlet(doc, self.concentration, g)
-                idx = sample_routing_np(shares, chunk, s.top_k, g)[0]
-                m[:, j] = np.bincount(idx.reshape(-1), minlength=s.n_experts)
+                m[:, j] = sample_routing_mask(shares, chunk, s.top_k, g).sum(0)
             matrices[s.layer] = m
         return matrices
 

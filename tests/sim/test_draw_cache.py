@@ -43,6 +43,7 @@ def test_cached_and_uncached_runs_give_identical_rows(cache, monkeypatch):
     def no_sampling(*a, **k):
         raise AssertionError("a warm run sampled a routing draw")
     monkeypatch.setattr(routing, "sample_routing_np", no_sampling)
+    monkeypatch.setattr(routing, "sample_routing_mask", no_sampling)
     monkeypatch.setattr(routing, "zipf_for_gini", no_sampling)
     warm = _fresh_rows()
     pd.testing.assert_frame_equal(cold, sampled, check_exact=True)

@@ -1,9 +1,10 @@
-"""smallest_k against the sampler's original argpartition + stable argsort, ties and NaNs included."""
+"""smallest_k and smallest_k_mask against the sampler's original argpartition + stable argsort, ties and NaNs
+included."""
 import numpy as np
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
-from npumoe_lab.sim.topk import argpartition_smallest_k, smallest_k
+from npumoe_lab.sim.topk import argpartition_smallest_k, smallest_k, smallest_k_mask
 
 
 def _same(neg, K):
@@ -11,6 +12,11 @@ def _same(neg, K):
     np.testing.assert_array_equal(a[0], b[0])
     np.testing.assert_array_equal(a[1], b[1])
     assert b[0].dtype == a[0].dtype and b[1].dtype == a[1].dtype
+    mask = smallest_k_mask(neg, K)          # the same entries, unordered: each row's picks marked one by one
+    want = np.zeros(neg.shape, dtype=bool)
+    for r, picks in enumerate(a[0]):
+        want[r, picks] = True
+    np.testing.assert_array_equal(mask, want)
 
 
 def test_sampler_shapes_equal_the_reference():
