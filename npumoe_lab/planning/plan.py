@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -267,6 +268,63 @@ def _layer_pieces(lp: dict) -> LayerPieces:
     return LayerPieces(lp)
 
 
+def _pieces(st: "_StaticLayer", lp: dict) -> LayerPieces:
+    """The static layer's JSON pieces, made from the first plan layer built on it (`lp`) and kept on it."""
+    if st.pieces[0] is None:
+        st.pieces[0] = _layer_pieces(lp)
+    return st.pieces[0]
+
+
+def _shape(spec) -> tuple:
+    return spec.layer, spec.n_experts, spec.top_k, spec.hidden, spec.intermediate
+
+
+class _StaticLayer(NamedTuple):
+    """A plan layer but its residency: what every plan of these counts and knobs shares (read only)."""
+    spec: object
+    counts: np.ndarray          # [E, chunks] routed per expert and calibration chunk (never-routed experts padded)
+    groups: list
+    notes: tuple
+    loads: list                 # expected routed tokens per chunk of each group (the CPU's load)
+    entry: dict                 # the layer's JSON content but residency
+    pieces: list                # [LayerPieces or None]: made on first use (_pieces)
+
+
+def _static_layer(profile, spec, k, tier_args, group_args, weight_size, limit, max_dim) -> _StaticLayer:
+    """One layer's _StaticLayer; its parts (percentile need, tiers, groups) also kept one by one, so plans that
+    share only some knobs (group sizes over the same tiers) share those."""
+    if spec.layer not in profile.layers:
+        raise NpuMoeError(f"MoE layer {spec.layer} is not in the calibration profile (layers {profile.layers}); "
+                          "calibrate this model")
+    counts = profile.count_matrix(spec.layer)
+    if counts.shape[0] > spec.n_experts:
+        raise NpuMoeError(f"layer {spec.layer}: the profile has {counts.shape[0]} experts, the model "
+                          f"{spec.n_experts}; calibrate this model")
+    counts = np.pad(counts, ((0, spec.n_experts - counts.shape[0]), (0, 0))) if counts.shape[0] < \
+        spec.n_experts else counts.copy()        # never-routed experts (np.pad's own copy where none is missing)
+    shape = _shape(spec)
+    # the percentile need (a sort per expert) is the same for every tier count: kept apart from the tiers
+    need = (_memo(profile, ("need", shape, k.percentile), lambda: percentile_need(counts, k.percentile))
+            if k.capacity_rule in ("tiered", "optimal") else None)
+    assign, kept = _memo(profile, ("tiers", shape, tier_args), lambda: _tiers(counts, profile.chunk, spec, k, need))
+    groups, notes = _memo(profile, ("groups", shape, tier_args, group_args), lambda: make_groups_with_notes(
+        assign.tier, assign.capacity, kept, k.group_size, k.order,
+        profile.coactivation_matrix(spec.layer) if k.order == "coactivation" else None, hidden=spec.hidden,
+        intermediate=spec.intermediate, dtype_bytes=weight_size, graph_limit_bytes=limit, max_dim=max_dim,
+        strict=k.strict))
+    # expected routed tokens per chunk per expert (the CPU's load), as Python floats: the same sums, without a
+    # NumPy scalar per expert
+    routed_ = _memo(profile, ("routed", shape), lambda: counts.mean(axis=1).tolist())
+    loads = [float(routed_[g.experts[0]]) if len(g.experts) == 1 else float(sum(routed_[e] for e in g.experts))
+             for g in groups]             # one expert: its load (0 + x is x: loads are never -0.0)
+    entry = dict(capacity=assign.capacity.tolist(), tier=assign.tier.tolist(),
+                 tier_capacities=list(assign.tier_capacities),
+                 groups=[g.to_dict() | {"expected_tokens": round(g.expected_tokens, 4)} for g in groups],
+                 expected_padding=round(expected_padding(assign, counts), 6),
+                 expected_drop_rate=round(expected_drop_rate(assign, counts), 6))
+    return _StaticLayer(spec, counts, groups, tuple(notes), loads, entry, [None])
+
+
 def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs | dict | None = None,
                npu_attention_graphs: int | None = None, **overrides) -> Plan:
     """Plan for every calibrated MoE layer. `profile`: a CalibrationProfile or its directory. `model_or_specs`:
@@ -292,72 +350,47 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
     limit = getattr(npu, "graph_limit_bytes", None)
     max_dim = getattr(npu, "max_dim", None)
     weight_size = getattr(npu, "weight_bytes", None) or k.dtype_bytes    # what the NPU graph stores per weight
-    layers, all_groups, flags, budgeted, piece_keys = [], [], [], [], []
+    layers, all_groups, flags, budgeted = [], [], [], []
     estimates = None
     if residency == "cost":     # the devices' FFN estimates by shape, kept for equal devices (hashed once a plan)
         try:
             estimates = _memo(profile, ("estimates", plat.npu, plat.cpu), dict)
         except (AttributeError, TypeError):       # a stand-in platform: estimates kept for this plan only
             estimates = {}
-    for spec in specs:
-        if spec.layer not in profile.layers:
-            raise NpuMoeError(f"MoE layer {spec.layer} is not in the calibration profile (layers {profile.layers}); "
-                              "calibrate this model")
-        counts = profile.count_matrix(spec.layer)
-        if counts.shape[0] > spec.n_experts:
-            raise NpuMoeError(f"layer {spec.layer}: the profile has {counts.shape[0]} experts, the model "
-                              f"{spec.n_experts}; calibrate this model")
-        counts = np.pad(counts, ((0, spec.n_experts - counts.shape[0]), (0, 0))) if counts.shape[0] < \
-            spec.n_experts else counts.copy()        # never-routed experts (np.pad's own copy where none is missing)
-        shape = (spec.layer, spec.n_experts, spec.top_k, spec.hidden, spec.intermediate)
-        tier_args = (k.tiers, k.percentile, k.align, k.min_capacity, repr(k.multipliers), k.capacity_rule,
-                     k.uniform_slack, k.top_fraction)
-        # tiers and groups depend on the counts and these knobs only: plans of several variants and platforms
-        # from one profile (a simulation's grid) share them
-        # the percentile need (a sort per expert) is the same for every tier count: kept apart from the tiers
-        need = (_memo(profile, ("need", shape, k.percentile), lambda: percentile_need(counts, k.percentile))
-                if k.capacity_rule in ("tiered", "optimal") else None)
-        assign, kept = _memo(profile, ("tiers", shape, tier_args), lambda: _tiers(counts, profile.chunk, spec, k, need))
-        group_args = (k.group_size, k.order, weight_size, limit, max_dim, k.strict)
-        groups, notes = _memo(profile, ("groups", shape, tier_args, group_args), lambda: make_groups_with_notes(
-            assign.tier, assign.capacity, kept, k.group_size, k.order,
-            profile.coactivation_matrix(spec.layer) if k.order == "coactivation" else None, hidden=spec.hidden,
-            intermediate=spec.intermediate, dtype_bytes=weight_size, graph_limit_bytes=limit, max_dim=max_dim,
-            strict=k.strict))
-        notes = list(notes)
+    tier_args = (k.tiers, k.percentile, k.align, k.min_capacity, repr(k.multipliers), k.capacity_rule,
+                 k.uniform_slack, k.top_fraction)
+    group_args = (k.group_size, k.order, weight_size, limit, max_dim, k.strict)
+    # what a layer holds but its residency depends on the counts and these knobs only: plans of several variants
+    # and platforms from one profile (a simulation's grid, a sweep cell) share it, looked up once a plan
+    statics = _memo(profile, ("layers", tuple(_shape(s) for s in specs), tier_args, group_args),
+                    lambda: [_static_layer(profile, spec, k, tier_args, group_args, weight_size, limit, max_dim)
+                             for spec in specs])
+    for st in statics:
+        spec, groups, counts = st.spec, st.groups, st.counts
         thr = k.hot_threshold
         if residency == "threshold" and thr is None:
             thr = profile.chunk * spec.top_k / spec.n_experts
-        # expected routed tokens per chunk per expert (the CPU's load), as Python floats: the same sums, without a
-        # NumPy scalar per expert
-        routed_ = _memo(profile, ("routed", shape), lambda: counts.mean(axis=1).tolist())
-        loads = [float(routed_[g.experts[0]]) if len(g.experts) == 1 else float(sum(routed_[e] for e in g.experts))
-                 for g in groups]             # one expert: its load (0 + x is x: loads are never -0.0)
         model = None
         if budget_ is not None and groups and residency == "makespan":     # one model: search, then budget
             model = LayerMakespan(LayerCase([(g.experts, g.capacity) for g in groups], counts, spec.hidden,
                                             spec.intermediate, spec.top_k, profile.chunk, k.dtype_bytes,
                                             weight_size), plat)
-        layer_flags = assign_residency(groups, residency, thr, plat, spec, None, k.dtype_bytes, loads=loads,
+        layer_flags = assign_residency(groups, residency, thr, plat, spec, None, k.dtype_bytes, loads=st.loads,
                                        counts=counts, chunk=profile.chunk, npu_weight_bytes=weight_size,
                                        makespan_model=model, estimates=estimates)
         if model is not None:
             budgeted.append((model, layer_flags))
         flags += layer_flags
         all_groups += groups
-        piece_keys.append(("json", shape, tier_args, group_args))
-        static = _memo(profile, ("entry", shape, tier_args, group_args), lambda: dict(
-            capacity=assign.capacity.tolist(), tier=assign.tier.tolist(), tier_capacities=list(assign.tier_capacities),
-            groups=[g.to_dict() | {"expected_tokens": round(g.expected_tokens, 4)} for g in groups],
-            expected_padding=round(expected_padding(assign, counts), 6),
-            expected_drop_rate=round(expected_drop_rate(assign, counts), 6)))
+        static = st.entry
         layers.append({"layer": spec.layer, "n_experts": spec.n_experts, "top_k": spec.top_k, "hidden": spec.hidden,
                        "intermediate": spec.intermediate, "capacity": list(static["capacity"]),
                        "tier": list(static["tier"]), "tier_capacities": list(static["tier_capacities"]),
                        # each plan's own group dicts (it sets "resident"); the expert lists are shared, read only
                        "groups": [dict(g) for g in static["groups"]],
                        "expected_padding": static["expected_padding"],
-                       "expected_drop_rate": static["expected_drop_rate"], "hot_threshold": thr, "notes": notes})
+                       "expected_drop_rate": static["expected_drop_rate"], "hot_threshold": thr,
+                       "notes": list(st.notes)})
     unbounded = list(flags)
     if budget_ is not None and residency == "makespan":   # one budget over all layers, least makespan lost
         flags = [f for layer in fit_program_budget(budgeted, budget_) for f in layer]
@@ -371,9 +404,8 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
     for lp in layers:
         for g in lp["groups"]:
             g["resident"] = bool(next(flags))
-    texts = [_memo(profile, key, lambda: _layer_pieces(lp)).text([g["resident"] for g in lp["groups"]],
-                                                                 lp["hot_threshold"])
-             for lp, key in zip(layers, piece_keys)]
+    texts = [_pieces(st, lp).text([g["resident"] for g in lp["groups"]], lp["hot_threshold"])
+             for lp, st in zip(layers, statics)]
     meta = profile.meta
     stored = {n: v for n, v in k.as_dict().items() if n not in ("saliency", "renormalize")} | {"residency": residency}
     return Plan._built(texts, model_fingerprint=meta["model_fingerprint"], chunk=profile.chunk, saliency=k.saliency,
