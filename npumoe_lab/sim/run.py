@@ -39,7 +39,7 @@ from npumoe_lab.planning.variants import parse_variants
 from npumoe_lab.sim.geometries import load_geometry
 from npumoe_lab.sim.array_replay import interval_columns, stream_metrics, summarize_stream
 from npumoe_lab.sim.pricing import array_priced, draws_source, parameter_draws
-from npumoe_lab.sim.stream import StreamExecutor, build_stream, routing_counts
+from npumoe_lab.sim.stream import RoutingCounts, StreamExecutor, build_stream, routing_counts
 from npumoe_lab.sim.parallel import default_workers, parallel_rows
 from npumoe_lab.sim import plan_cache
 from npumoe_lab.sim.decode import decode_routing, decode_stream, e2e_columns, e2e_draws, replay_decode, \
@@ -136,13 +136,37 @@ def _by_layout(variant, specs, profile, plats, knobs, memo=None, engine="ops") -
 def _chunks(src, specs, t, c, seed):
     """The routing source's sampled chunks of a prompt, kept on the source (the operating point's solve and the
     simulation read the same ones)."""
+    return _prompt(src, specs, t, c, seed)[0]
+
+
+def _prompt(src, specs, t, c, seed) -> list:
+    """[a prompt's sampled chunks, their Gini, their RoutingCounts], kept on the source; the last two filled on
+    first use (`_prompt_gini`, `_prompt_counts`: a sweep's cells read the same prompt, so each is computed once)."""
     memo = src.__dict__.setdefault("_sampled_chunks", {})
     key = (tuple(s.layer for s in specs), t, c, seed)
     if key not in memo:
         if len(memo) >= 64:
             memo.clear()
-        memo[key] = src.chunks(specs, t, c, seed)
+        memo[key] = [src.chunks(specs, t, c, seed), None, None]
     return memo[key]
+
+
+def _prompt_gini(src, specs, t, c, seed) -> float:
+    """The Gini of the prompt's own sampled counts (_routed_gini), or the source's where it samples none."""
+    if not hasattr(src, "_gini"):
+        return src.gini()
+    kept = _prompt(src, specs, t, c, seed)
+    if kept[1] is None:
+        kept[1] = _routed_gini(kept[0], specs)
+    return kept[1]
+
+
+def _prompt_counts(src, specs, t, c, seed) -> RoutingCounts:
+    """routing_counts of the prompt's sampled chunks (read only by every caller)."""
+    kept = _prompt(src, specs, t, c, seed)
+    if kept[2] is None:
+        kept[2] = routing_counts(kept[0], specs, t, c)
+    return kept[2]
 
 
 def _operating_points(geos, sources, plats, prompts, chunks, seed, plan_knobs, target, off_band) -> dict:
@@ -154,7 +178,7 @@ def _operating_points(geos, sources, plats, prompts, chunks, seed, plan_knobs, t
         src, specs = sources[name], list(geo.moe)
         for c in chunks:
             profile = src.calibration_profile(specs, c, seed)
-            real = np.concatenate([routing_counts(_chunks(src, specs, t, c, seed), specs, t, c).real for t in prompts])
+            real = np.concatenate([_prompt_counts(src, specs, t, c, seed).real for t in prompts])
             for p in plats:
                 pt = solve_percentile(profile, specs, p, real, plan_knobs, PAPER_DROP_TARGET if target is None
                                       else target, labels=dict(model=name, routing=src.label))
@@ -372,8 +396,8 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
                 built = {v.name: _by_layout(v, specs, profile, plats, knobs_at, memo, engine) for v in vlist}
                 for t in prompts:
                     routed = _chunks(src, specs, t, c, seed)
-                    rgini = _routed_gini(routed, specs) if hasattr(src, "_gini") else src.gini()
-                    counts = routing_counts(routed, specs, t, c) if engine == "array" or draws else None
+                    rgini = _prompt_gini(src, specs, t, c, seed)
+                    counts = _prompt_counts(src, specs, t, c, seed) if engine == "array" or draws else None
                     for v in vlist:
                         for executor, members in built[v.name]:
                             configs = [PrefillConfig(p, c, attention=v.attention) for p, _ in members]
