@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from npumoe_lab.models.base import MoELayerSpec
 from npumoe_lab.planning.plan import Plan, build_plan, variant_plan
 from npumoe_lab.planning.plan_json import LayerPieces
 from npumoe_lab.sim.geometries import load_geometry
@@ -51,3 +52,20 @@ def test_pieces_give_the_layers_own_text(profile):  # noqa: F811
         assert pieces.text(flags, thr) == canonical_json(want)
     with pytest.raises(ValueError, match="keys"):
         LayerPieces({**lp, "extra": 1})
+
+
+def test_plans_on_shared_parts_equal_plans_built_afresh(profile):  # noqa: F811
+    """build_plan keeps what plans of one profile share (profile._plan_parts: per-layer tiers and groups, static
+    layers per knobs). Every plan of a sequence over knobs and platforms, built on the parts the earlier ones left
+    (layer specs given once as plain namespaces, once as MoELayerSpecs of the same shape), equals the same plan
+    built with nothing kept."""
+    typed = [MoELayerSpec(s.layer, s.n_experts, s.top_k, s.hidden, s.intermediate, "softmax_topk", True, 0, False,
+                          "swiglu", "qwen3_moe") for s in SPECS]
+    by_group_size = [dict(group_size=g, residency=r) for g in (1, 4, 16) for r in ("cost", "all")]   # same tiers
+    cases = [(knobs, platform, specs) for knobs in KNOBS + by_group_size for platform in ("m2-max", "m4-max")
+             for specs in (SPECS, typed)]
+    shared = [build_plan(profile, specs, platform, **knobs).to_json() for knobs, platform, specs in cases]
+    assert "_plan_parts" in profile.__dict__
+    for (knobs, platform, specs), got in zip(cases, shared):
+        profile.__dict__.pop("_plan_parts", None)           # nothing kept: every part computed for this plan
+        assert got == build_plan(profile, specs, platform, **knobs).to_json(), (knobs, platform)
