@@ -14,7 +14,6 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import NamedTuple
 
 import numpy as np
 
@@ -94,7 +93,7 @@ class Plan:
 
     @classmethod
     def _built(cls, layer_texts: list[str], **fields) -> "Plan":
-        """build_plan's plan: each layer was checked when its JSON pieces were made (`_layer_pieces`) and the hash
+        """build_plan's plan: each layer was checked when its JSON pieces were made (`_StaticLayer.pieces`) and the hash
         is taken from the layers' texts (plan_json.py: the same digest as the whole body's)."""
         plan = cls.__new__(cls)
         plan.__dict__.update(version=PLAN_VERSION, **fields)
@@ -261,25 +260,12 @@ def _tiers(counts, chunk, spec, k, need=None):
     return assign, expected_kept_tokens(assign, counts)
 
 
-def _layer_pieces(lp: dict) -> LayerPieces:
-    """A layer's JSON pieces, made once per plan part (the layers built from it share its content but residency):
-    the layer is checked here, as Plan's own construction checks a loaded one."""
-    _check_layer(lp)
-    return LayerPieces(lp)
-
-
-def _pieces(st: "_StaticLayer", lp: dict) -> LayerPieces:
-    """The static layer's JSON pieces, made from the first plan layer built on it (`lp`) and kept on it."""
-    if st.pieces[0] is None:
-        st.pieces[0] = _layer_pieces(lp)
-    return st.pieces[0]
-
-
 def _shape(spec) -> tuple:
     return spec.layer, spec.n_experts, spec.top_k, spec.hidden, spec.intermediate
 
 
-class _StaticLayer(NamedTuple):
+@dataclass
+class _StaticLayer:
     """A plan layer but its residency: what every plan of these counts and knobs shares (read only)."""
     spec: object
     counts: np.ndarray          # [E, chunks] routed per expert and calibration chunk (never-routed experts padded)
@@ -287,7 +273,15 @@ class _StaticLayer(NamedTuple):
     notes: tuple
     loads: list                 # expected routed tokens per chunk of each group (the CPU's load)
     entry: dict                 # the layer's JSON content but residency
-    pieces: list                # [LayerPieces or None]: made on first use (_pieces)
+    _pieces: LayerPieces | None = None
+
+    def pieces(self, lp: dict) -> LayerPieces:
+        """The layer's JSON pieces, made from the first plan layer built on it (`lp`), which is checked then, as
+        Plan's own construction checks a loaded one; kept for the plans after it (they differ in residency)."""
+        if self._pieces is None:
+            _check_layer(lp)
+            self._pieces = LayerPieces(lp)
+        return self._pieces
 
 
 def _static_layer(profile, spec, k, tier_args, group_args, weight_size, limit, max_dim) -> _StaticLayer:
@@ -322,7 +316,7 @@ def _static_layer(profile, spec, k, tier_args, group_args, weight_size, limit, m
                  groups=[g.to_dict() | {"expected_tokens": round(g.expected_tokens, 4)} for g in groups],
                  expected_padding=round(expected_padding(assign, counts), 6),
                  expected_drop_rate=round(expected_drop_rate(assign, counts), 6))
-    return _StaticLayer(spec, counts, groups, tuple(notes), loads, entry, [None])
+    return _StaticLayer(spec, counts, groups, tuple(notes), loads, entry)
 
 
 def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs | dict | None = None,
@@ -404,7 +398,7 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
     for lp in layers:
         for g in lp["groups"]:
             g["resident"] = bool(next(flags))
-    texts = [_pieces(st, lp).text([g["resident"] for g in lp["groups"]], lp["hot_threshold"])
+    texts = [st.pieces(lp).text([g["resident"] for g in lp["groups"]], lp["hot_threshold"])
              for lp, st in zip(layers, statics)]
     meta = profile.meta
     stored = {n: v for n, v in k.as_dict().items() if n not in ("saliency", "renormalize")} | {"residency": residency}

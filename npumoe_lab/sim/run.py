@@ -136,18 +136,25 @@ def _by_layout(variant, specs, profile, plats, knobs, memo=None, engine="ops") -
 def _chunks(src, specs, t, c, seed):
     """The routing source's sampled chunks of a prompt, kept on the source (the operating point's solve and the
     simulation read the same ones)."""
-    return _prompt(src, specs, t, c, seed)[0]
+    return _prompt(src, specs, t, c, seed).routed
 
 
-def _prompt(src, specs, t, c, seed) -> list:
-    """[a prompt's sampled chunks, their Gini, their RoutingCounts], kept on the source; the last two filled on
-    first use (`_prompt_gini`, `_prompt_counts`: a sweep's cells read the same prompt, so each is computed once)."""
+@dataclass
+class _Prompt:
+    """A prompt's sampled chunks and, filled on first use, their Gini and RoutingCounts (read only by every caller:
+    a sweep's cells read the same prompt, so each is computed once)."""
+    routed: list
+    gini: float | None = None
+    counts: RoutingCounts | None = None
+
+
+def _prompt(src, specs, t, c, seed) -> _Prompt:
     memo = src.__dict__.setdefault("_sampled_chunks", {})
     key = (tuple(s.layer for s in specs), t, c, seed)
     if key not in memo:
         if len(memo) >= 64:
             memo.clear()
-        memo[key] = [src.chunks(specs, t, c, seed), None, None]
+        memo[key] = _Prompt(src.chunks(specs, t, c, seed))
     return memo[key]
 
 
@@ -156,17 +163,16 @@ def _prompt_gini(src, specs, t, c, seed) -> float:
     if not hasattr(src, "_gini"):
         return src.gini()
     kept = _prompt(src, specs, t, c, seed)
-    if kept[1] is None:
-        kept[1] = _routed_gini(kept[0], specs)
-    return kept[1]
+    if kept.gini is None:
+        kept.gini = _routed_gini(kept.routed, specs)
+    return kept.gini
 
 
 def _prompt_counts(src, specs, t, c, seed) -> RoutingCounts:
-    """routing_counts of the prompt's sampled chunks (read only by every caller)."""
     kept = _prompt(src, specs, t, c, seed)
-    if kept[2] is None:
-        kept[2] = routing_counts(kept[0], specs, t, c)
-    return kept[2]
+    if kept.counts is None:
+        kept.counts = routing_counts(kept.routed, specs, t, c)
+    return kept.counts
 
 
 def _operating_points(geos, sources, plats, prompts, chunks, seed, plan_knobs, target, off_band) -> dict:
