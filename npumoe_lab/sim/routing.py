@@ -207,42 +207,77 @@ class PopularityRouting:
         (NumPy arrays). One document's popularity is drawn first, then the chunks in order from one generator, so a
         shorter prompt's chunks are a longer one's first chunks: the last draw is kept and extended (a grid of
         prompt lengths samples the longest once; tests/sim/test_simulate.py holds it equal to a fresh draw)."""
+        norms = np.ones(chunk, dtype=np.float32)
+
+        def draw(shares, s, g):
+            idx, w = sample_routing_np(shares, chunk, s.top_k, g)
+            return (idx, w, norms), np.bincount(idx.reshape(-1), minlength=s.n_experts)
+        return self._drawn(self._sampled, "chunks", draw, specs, prompt_len, chunk, seed, _packed, _unpacked)[0]
+
+    def chunk_counts(self, specs, prompt_len: int, chunk: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(every token's, real tokens'): [n chunks, MoE layers, E = the specs' most experts] int64 per-expert counts
+        of the prompt's chunks (padding of the last chunk in the first, not in the second): what chunks(...) draws,
+        counted. The same generator stream and float32 scores as chunks(); smallest_k_mask marks the experts
+        smallest_k returns, without ordering or weighting them (what counts need; a third less time a chunk). Each
+        chunk's mask is kept bit-packed for a later prompt ending inside it (tests/sim/test_chunk_counts.py holds
+        both equal to chunks()'s counts)."""
+        def draw(shares, s, g):
+            mask = sample_routing_mask(shares, chunk, s.top_k, g)
+            return np.packbits(mask, axis=1), mask.sum(0)
+        packed, per_chunk = self._drawn(self.__dict__.setdefault("_counted", {}), "chunk-counts", draw, specs,
+                                        prompt_len, chunk, seed)
+        n, E = len(per_chunk), max(s.n_experts for s in specs)
+        every = np.zeros((n, len(specs), E), dtype=np.int64)
+        for c, counts in enumerate(per_chunk):
+            for i, s in enumerate(specs):
+                every[c, i, :s.n_experts] = counts[s.layer]
+        real = every.copy()
+        n_last = prompt_len - (n - 1) * chunk
+        if n_last < chunk:            # padding tokens of the last chunk take no capacity
+            for i, s in enumerate(specs):
+                real[-1, i, :s.n_experts] = np.unpackbits(packed[-1][s.layer][:n_last], axis=1,
+                                                          count=s.n_experts).sum(0)
+        return every, real
+
+    def _drawn(self, kept_draws: dict, kind: str, draw, specs, prompt_len, chunk, seed, pack=None, unpack=None):
+        """(per chunk {layer: draw's first value}, per chunk {layer: [E] counts of every token}) of the prompt's
+        first ceil(prompt_len / chunk) chunks, `draw(shares, spec, generator)` -> (value, counts) sampling one
+        chunk of one layer. The generator and document are kept with the draws (in `kept_draws`, and on disk under
+        `kind`), so a longer prompt extends them; sets the run Gini (gini())."""
         key = (tuple(s.layer for s in specs), chunk, seed)
-        kept = self._sampled.get(key)
-        disk = draw_cache.key("chunks", _spec_key(specs), chunk, seed, self.concentration, self.doc_concentration,
+        kept = kept_draws.get(key)
+        disk = draw_cache.key(kind, _spec_key(specs), chunk, seed, self.concentration, self.doc_concentration,
                               _layers_of(self.run, specs), _layers_of(self.run_records, specs))
         if kept is None:
-            if len(self._sampled) >= 4:          # the last few draws (one per chunk size of a grid), bounded
-                self._sampled.pop(next(iter(self._sampled)))
+            if len(kept_draws) >= 4:          # the last few draws (one per chunk size of a grid), bounded
+                kept_draws.pop(next(iter(kept_draws)))
             # the generator's state is kept with the chunks: a longer prompt continues the same stream
-            kept = _unpacked(draw_cache.load(disk))
+            loaded = draw_cache.load(disk)
+            kept = unpack(loaded) if unpack is not None else loaded
             if kept is None:
                 g = np.random.default_rng(seed + 1)
                 doc = {s.layer: dirichlet(self.run[s.layer], self.doc_concentration, g) for s in specs}  # one doc
                 kept = (g, doc, [], [])
-            self._sampled[key] = kept
+            kept_draws[key] = kept
         g, doc, out, per_chunk = kept
         n = math.ceil(prompt_len / chunk)
         drawn = len(out)
-        norms = np.ones(chunk, dtype=np.float32)
         for c in range(len(out), n):
-            per_layer, counts = {}, {}
+            values, counts = {}, {}
             for s in specs:
                 if self.run_records is not None:
                     rec = self.run_records[s.layer]
                     shares = rec[c % len(rec)]
                 else:
                     shares = dirichlet(doc[s.layer], self.concentration, g)
-                idx, w = sample_routing_np(shares, chunk, s.top_k, g)
-                per_layer[s.layer] = (idx, w, norms)
-                counts[s.layer] = np.bincount(idx.reshape(-1), minlength=s.n_experts)
-            out.append(per_layer)
+                values[s.layer], counts[s.layer] = draw(shares, s, g)
+            out.append(values)
             per_chunk.append(counts)
         if len(out) > drawn:
-            draw_cache.store(disk, _packed(kept))
+            draw_cache.store(disk, pack(kept) if pack is not None else kept)
         self._gini = {s.layer: gini(np.sum([cc[s.layer] for cc in per_chunk[:n]], axis=0, dtype=float))
                       for s in specs}
-        return out[:n]
+        return out[:n], per_chunk[:n]
 
     def calibration_profile(self, specs, chunk: int, seed: int = 0) -> CalibrationProfile:
         """The profile plans are built from: the real one at its own chunk, else chunks sampled from the

@@ -134,18 +134,21 @@ def _by_layout(variant, specs, profile, plats, knobs, memo=None, engine="ops") -
 
 
 def _chunks(src, specs, t, c, seed):
-    """The routing source's sampled chunks of a prompt, kept on the source (the operating point's solve and the
-    simulation read the same ones)."""
-    return _prompt(src, specs, t, c, seed).routed
+    """The routing source's sampled chunks of a prompt, kept on the source (the per-op replay reads them)."""
+    kept = _prompt(src, specs, t, c, seed)
+    if kept.routed is None:
+        kept.routed = src.chunks(specs, t, c, seed)
+    return kept.routed
 
 
 @dataclass
 class _Prompt:
-    """A prompt's sampled chunks and, filled on first use, their Gini and RoutingCounts (read only by every caller:
-    a sweep's cells read the same prompt, so each is computed once)."""
-    routed: list
+    """A prompt's sampled chunks, Gini and RoutingCounts, each filled on first use (read only by every caller: a
+    sweep's cells read the same prompt, so each is computed once)."""
+    routed: list | None = None
     gini: float | None = None
     counts: RoutingCounts | None = None
+    every: np.ndarray | None = None       # [chunks, MoE layers, E] counts of every token (padding too)
 
 
 def _prompt(src, specs, t, c, seed) -> _Prompt:
@@ -154,7 +157,7 @@ def _prompt(src, specs, t, c, seed) -> _Prompt:
     if key not in memo:
         if len(memo) >= 64:
             memo.clear()
-        memo[key] = _Prompt(src.chunks(specs, t, c, seed))
+        memo[key] = _Prompt()
     return memo[key]
 
 
@@ -164,14 +167,25 @@ def _prompt_gini(src, specs, t, c, seed) -> float:
         return src.gini()
     kept = _prompt(src, specs, t, c, seed)
     if kept.gini is None:
-        kept.gini = _routed_gini(kept.routed, specs)
+        if hasattr(src, "chunk_counts"):
+            _prompt_counts(src, specs, t, c, seed)
+            kept.gini = _counted_gini(kept.every, specs)
+        else:
+            kept.gini = _routed_gini(_chunks(src, specs, t, c, seed), specs)
     return kept.gini
 
 
 def _prompt_counts(src, specs, t, c, seed) -> RoutingCounts:
+    """The prompt's RoutingCounts: counted as they are drawn where the source can (chunk_counts: no expert order or
+    weights), else of its sampled chunks."""
     kept = _prompt(src, specs, t, c, seed)
     if kept.counts is None:
-        kept.counts = routing_counts(kept.routed, specs, t, c)
+        if hasattr(src, "chunk_counts"):
+            kept.every, real = src.chunk_counts(specs, t, c, seed)
+            kept.counts = RoutingCounts(tuple(s.layer for s in specs), real, (kept.every > 0).sum(2), c, t,
+                                        specs[0].top_k)
+        else:
+            kept.counts = routing_counts(_chunks(src, specs, t, c, seed), specs, t, c)
     return kept.counts
 
 
@@ -217,6 +231,12 @@ def _routed_gini(routed: list, specs) -> float:
     for s in specs:
         idx = np.concatenate([np.asarray(ch[s.layer][0]).ravel() for ch in routed])
         out.append(gini(np.bincount(idx[idx >= 0], minlength=s.n_experts)))
+    return float(np.mean(out)) if out else 0.0
+
+
+def _counted_gini(every: np.ndarray, specs) -> float:
+    """_routed_gini from the prompt's counts of every token ([chunks, MoE layers, E], specs' order)."""
+    out = [gini(every[:, i, :s.n_experts].sum(0)) for i, s in enumerate(specs)]
     return float(np.mean(out)) if out else 0.0
 
 
@@ -401,7 +421,7 @@ def iter_simulation(geometry, routing, platforms, variants="all", prompt_len=102
                 knobs_at = _knobs_at(points, name, c, plan_knobs)
                 built = {v.name: _by_layout(v, specs, profile, plats, knobs_at, memo, engine) for v in vlist}
                 for t in prompts:
-                    routed = _chunks(src, specs, t, c, seed)
+                    routed = _chunks(src, specs, t, c, seed) if engine == "ops" else None
                     rgini = _prompt_gini(src, specs, t, c, seed)
                     counts = _prompt_counts(src, specs, t, c, seed) if engine == "array" or draws else None
                     for v in vlist:
