@@ -143,8 +143,10 @@ def make_groups_with_notes(tier, capacity, expected_load, group_size, order="pop
             parts = [ranked[i:i + g] for i in range(0, len(ranked), g)]
         else:
             parts = _coactivation_order(members, load, coact, g)
-        for part in parts:       # one expert: its own load (a one-element sum is the element)
-            groups.append(Group(len(groups), int(t), int(cap), tuple(int(e) for e in part),
+        # `part` holds Python ints (members come from range(E)); one expert: its own load (a one-element
+        # sum is the element)
+        for part in parts:
+            groups.append(Group(len(groups), int(t), int(cap), tuple(part),
                                 loads_[part[0]] if len(part) == 1 else float(load[part].sum()),
                                 per_expert * len(part)))
     return groups, notes

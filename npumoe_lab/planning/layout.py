@@ -101,7 +101,7 @@ def _group(key: tuple) -> GroupLayout:
     if hit is not None and type(hit.tier) is type(key[4]):
         return hit
     gid, experts, capacity, resident, tier = key
-    built = GroupLayout(int(gid), tuple(int(e) for e in experts), int(capacity), "npu" if resident else "cpu", tier)
+    built = GroupLayout(int(gid), tuple(map(int, experts)), int(capacity), "npu" if resident else "cpu", tier)
     if len(_GROUPS) >= MAX_KEPT_GROUPS:
         _GROUPS.clear()
     _GROUPS[key] = built

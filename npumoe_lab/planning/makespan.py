@@ -92,8 +92,11 @@ class LayerCase:
 class LayerMakespan:
     """Modeled layer-chunk makespan of resident sets (bool masks over the groups), averaged over the chunks."""
 
-    def __init__(self, case: LayerCase, platform):
+    def __init__(self, case: LayerCase, platform, parts: dict | None = None):
+        """`parts`: a dict kept with the case's groups and counts (build_plan keeps one per static layer) where the
+        platform-free parts (group loads, touched experts, rows, candidate masks) are kept for the next platform."""
         self.case, self.platform = case, platform
+        self.parts = {} if parts is None else parts
         H, I, b = case.hidden, case.intermediate, case.dtype_bytes
         counts = np.asarray(case.counts, dtype=np.float64)
         if counts.ndim != 2 or counts.shape[1] < 1:
@@ -106,9 +109,12 @@ class LayerMakespan:
                       + cpu.estimate(memory_cost(2 * n_assign * H * b, "scatter")))
         wb = case.npu_weight_bytes or b
         self.npu_s = np.array([_group_call_s(npu, len(e), int(c), H, I, b, wb) for e, c in case.groups])
-        self.rows = np.array([len(e) * int(c) for e, c in case.groups], dtype=np.float64)
-        self.load = np.stack([counts[list(e)].sum(0) for e, _ in case.groups])             # [n, chunks]
-        self.touched = np.stack([(counts[list(e)] > 0).sum(0) for e, _ in case.groups])    # [n, chunks]
+        if "load" not in self.parts:
+            self.parts.update(
+                rows=np.array([len(e) * int(c) for e, c in case.groups], dtype=np.float64),
+                load=np.stack([counts[list(e)].sum(0) for e, _ in case.groups]),             # [n, chunks]
+                touched=np.stack([(counts[list(e)] > 0).sum(0) for e, _ in case.groups]))    # [n, chunks]
+        self.rows, self.load, self.touched = self.parts["rows"], self.parts["load"], self.parts["touched"]
         self._pack = lambda r: cpu.estimate(memory_cost(2 * r * H * b, "pack"))
 
     @property
@@ -191,7 +197,10 @@ def choose_resident(case: LayerCase, platform, exhaustive: int = EXHAUSTIVE_GROU
     if not case.groups:
         return [], 0.0
     model = model or LayerMakespan(case, platform)
-    masks = candidate_masks(case, exhaustive)
+    key = ("candidates", exhaustive)
+    if key not in model.parts:           # the family depends on the case alone: kept for the next platform
+        model.parts[key] = candidate_masks(case, exhaustive)
+    masks = model.parts[key]
     spans = model.many(masks)
     # the tie rule on the few candidates within rounding of the minimum (round is monotone: no other can tie)
     near = np.flatnonzero(spans <= spans.min() + 1e-14 + 1e-15 * abs(spans.min()))

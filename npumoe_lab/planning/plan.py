@@ -274,6 +274,7 @@ class _StaticLayer:
     loads: list                 # expected routed tokens per chunk of each group (the CPU's load)
     entry: dict                 # the layer's JSON content but residency
     _pieces: LayerPieces | None = None
+    makespan_parts: dict = field(default_factory=dict)    # LayerMakespan's platform-free parts (read only)
 
     def pieces(self, lp: dict) -> LayerPieces:
         """The layer's JSON pieces, made from the first plan layer built on it (`lp`), which is checked then, as
@@ -313,7 +314,9 @@ def _static_layer(profile, spec, k, tier_args, group_args, weight_size, limit, m
              for g in groups]             # one expert: its load (0 + x is x: loads are never -0.0)
     entry = dict(capacity=assign.capacity.tolist(), tier=assign.tier.tolist(),
                  tier_capacities=list(assign.tier_capacities),
-                 groups=[g.to_dict() | {"expected_tokens": round(g.expected_tokens, 4)} for g in groups],
+                 groups=[{"id": g.id, "tier": g.tier, "capacity": g.capacity, "experts": list(g.experts),
+                          "expected_tokens": round(g.expected_tokens, 4), "weight_bytes": g.weight_bytes}
+                         for g in groups],                 # = g.to_dict(), its expected tokens rounded
                  expected_padding=round(expected_padding(assign, counts), 6),
                  expected_drop_rate=round(expected_drop_rate(assign, counts), 6))
     return _StaticLayer(spec, counts, groups, tuple(notes), loads, entry)
@@ -368,7 +371,7 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
         if budget_ is not None and groups and residency == "makespan":     # one model: search, then budget
             model = LayerMakespan(LayerCase([(g.experts, g.capacity) for g in groups], counts, spec.hidden,
                                             spec.intermediate, spec.top_k, profile.chunk, k.dtype_bytes,
-                                            weight_size), plat)
+                                            weight_size), plat, st.makespan_parts)
         layer_flags = assign_residency(groups, residency, thr, plat, spec, None, k.dtype_bytes, loads=st.loads,
                                        counts=counts, chunk=profile.chunk, npu_weight_bytes=weight_size,
                                        makespan_model=model, estimates=estimates)
@@ -380,8 +383,7 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
         layers.append({"layer": spec.layer, "n_experts": spec.n_experts, "top_k": spec.top_k, "hidden": spec.hidden,
                        "intermediate": spec.intermediate, "capacity": list(static["capacity"]),
                        "tier": list(static["tier"]), "tier_capacities": list(static["tier_capacities"]),
-                       # each plan's own group dicts (it sets "resident"); the expert lists are shared, read only
-                       "groups": [dict(g) for g in static["groups"]],
+                       "groups": static["groups"],          # replaced by this plan's own dicts below
                        "expected_padding": static["expected_padding"],
                        "expected_drop_rate": static["expected_drop_rate"], "hot_threshold": thr,
                        "notes": list(st.notes)})
@@ -394,12 +396,13 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
         flags = [i in keep for i in range(len(flags))]
     if limits:
         limits = {**limits, "resident_groups_unbounded": int(sum(unbounded))}
-    flags = iter(fit_budget(all_groups, flags, k.npu_memory_budget_bytes))   # one budget over all layers
-    for lp in layers:
-        for g in lp["groups"]:
-            g["resident"] = bool(next(flags))
-    texts = [st.pieces(lp).text([g["resident"] for g in lp["groups"]], lp["hot_threshold"])
-             for lp, st in zip(layers, statics)]
+    flags = fit_budget(all_groups, flags, k.npu_memory_budget_bytes)       # one budget over all layers
+    texts, at = [], 0
+    for lp, st in zip(layers, statics):     # each plan's own group dicts; the expert lists are shared, read only
+        resident = [bool(f) for f in flags[at:at + len(lp["groups"])]]
+        at += len(resident)
+        lp["groups"] = [{**g, "resident": r} for g, r in zip(lp["groups"], resident)]
+        texts.append(st.pieces(lp).text(resident, lp["hot_threshold"]))
     meta = profile.meta
     stored = {n: v for n, v in k.as_dict().items() if n not in ("saliency", "renormalize")} | {"residency": residency}
     return Plan._built(texts, model_fingerprint=meta["model_fingerprint"], chunk=profile.chunk, saliency=k.saliency,
