@@ -37,7 +37,7 @@ class Group:
     def __post_init__(self):
         if self.capacity < 1:
             raise NpuMoeError(f"group {self.id}: capacity must be >= 1, got {self.capacity}")
-        if not self.experts or len(set(self.experts)) != len(self.experts):
+        if not self.experts or (len(self.experts) > 1 and len(set(self.experts)) != len(self.experts)):
             raise NpuMoeError(f"group {self.id}: experts must be a non-empty tuple of distinct ids, "
                               f"got {self.experts}")
 

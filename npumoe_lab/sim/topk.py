@@ -60,7 +60,9 @@ def smallest_k_mask(neg: np.ndarray, K: int) -> np.ndarray:
             np.put_along_axis(mask, argpartition_smallest_k(neg, K)[0], True, 1)
         return mask
     p = np.partition(neg, K, axis=1)             # one kth: a tuple (K - 1, K) costs ~4x more here
-    kth = p[:, :K].max(axis=1, keepdims=True)     # the K-th smallest (the K before position K, unordered)
+    kth = p[:, :1].copy()                         # the K-th smallest: the max of the K before position K
+    for j in range(1, K):                          # (column by column: a max over a short inner axis is ~3x slower)
+        np.maximum(kth[:, 0], p[:, j], out=kth[:, 0])
     np.less_equal(neg, kth, out=mask)
     unclear = ~(kth[:, 0] < p[:, K])             # a tie across the boundary, or NaN: the reference decides the row
     if unclear.any():
