@@ -37,7 +37,7 @@ import pandas as pd
 from npumoe_lab.planning.profile import CalibrationProfile
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.sim import draw_cache
-from npumoe_lab.sim.topk import smallest_k, smallest_k_mask
+from npumoe_lab.sim.topk import column_counts, smallest_k, smallest_k_mask
 from npumoe_lab.sim.textlike import (WORKLOAD_NAMES, check_concentration, dirichlet, load_defaults, mix_names,
                                      tv_overlap)
 
@@ -145,7 +145,7 @@ def sampled_gini(shares, K: int, tokens: int = 4096, seed: int = 0, noise: np.nd
     noise, the same float32 subtraction; the weights are not needed). `noise`: `_gini_noise(tokens, E, seed)` where
     the caller draws it once for many shares (zipf_for_gini's bisection)."""
     noise = _gini_noise(tokens, len(shares), seed) if noise is None else noise
-    return gini(smallest_k_mask(np.subtract(noise, _logp(shares)), K).sum(0))
+    return gini(column_counts(smallest_k_mask(np.subtract(noise, _logp(shares)), K)))
 
 
 def zipf_shares(E: int, s: float) -> np.ndarray:
@@ -223,7 +223,7 @@ class PopularityRouting:
         both equal to chunks()'s counts)."""
         def draw(shares, s, g):
             mask = sample_routing_mask(shares, chunk, s.top_k, g)
-            return np.packbits(mask, axis=1), mask.sum(0)
+            return np.packbits(mask, axis=1), column_counts(mask)
         packed, per_chunk = self._drawn(self.__dict__.setdefault("_counted", {}), "chunk-counts", draw, specs,
                                         prompt_len, chunk, seed)
         n, E = len(per_chunk), max(s.n_experts for s in specs)
@@ -236,7 +236,7 @@ class PopularityRouting:
         if n_last < chunk:            # padding tokens of the last chunk take no capacity
             for i, s in enumerate(specs):
                 real[-1, i, :s.n_experts] = np.unpackbits(packed[-1][s.layer][:n_last], axis=1,
-                                                          count=s.n_experts).sum(0)
+                                                          count=s.n_experts).sum(0, dtype=np.int64)
         return every, real
 
     def _drawn(self, kept_draws: dict, kind: str, draw, specs, prompt_len, chunk, seed, pack=None, unpack=None):
@@ -329,7 +329,7 @@ class PopularityRouting:
                             self.calibration[s.layer][None]
                         doc = dirichlet(src[(j // CALIBRATION_DOC_CHUNKS) % len(src)], self.doc_concentration, g)
                     shares = dirichlet(doc, self.concentration, g)
-                m[:, j] = sample_routing_mask(shares, chunk, s.top_k, g).sum(0)
+                m[:, j] = column_counts(sample_routing_mask(shares, chunk, s.top_k, g))
             matrices[s.layer] = m
         return matrices
 

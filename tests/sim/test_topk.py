@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
-from npumoe_lab.sim.topk import argpartition_smallest_k, smallest_k, smallest_k_mask
+from npumoe_lab.sim.topk import argpartition_smallest_k, column_counts, smallest_k, smallest_k_mask
 
 
 def _same(neg, K):
@@ -44,3 +44,14 @@ def test_rows_with_ties_follow_the_reference():
 def test_any_block_equals_the_reference(case):
     neg, K = case
     _same(neg, K)
+
+
+def test_column_counts_equal_the_bool_sum():
+    rng = np.random.default_rng(5)
+    for T, E in [(0, 4), (1, 3), (256, 128), (2 ** 16 - 1, 2), (2 ** 16 + 3, 2)]:
+        mask = rng.random((T, E)) < 0.9
+        got = column_counts(mask)
+        np.testing.assert_array_equal(got, mask.sum(0))
+        assert got.dtype == np.int64
+    full = np.ones((2 ** 16 - 1, 3), dtype=bool)       # the largest count the byte sum takes, exactly
+    np.testing.assert_array_equal(column_counts(full), [2 ** 16 - 1] * 3)
