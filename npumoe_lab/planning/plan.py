@@ -401,7 +401,7 @@ def build_plan(profile, model_or_specs=None, platform="m2-max", knobs: PlanKnobs
     for lp, st in zip(layers, statics):     # each plan's own group dicts; the expert lists are shared, read only
         resident = [bool(f) for f in flags[at:at + len(lp["groups"])]]
         at += len(resident)
-        lp["groups"] = [{**g, "resident": r} for g, r in zip(lp["groups"], resident)]
+        lp["groups"] = [dict(g, resident=r) for g, r in zip(lp["groups"], resident)]
         texts.append(st.pieces(lp).text(resident, lp["hot_threshold"]))
     meta = profile.meta
     stored = {n: v for n, v in k.as_dict().items() if n not in ("saliency", "renormalize")} | {"residency": residency}
