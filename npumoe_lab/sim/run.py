@@ -167,7 +167,7 @@ def _prompt_gini(src, specs, t, c, seed) -> float:
         return src.gini()
     kept = _prompt(src, specs, t, c, seed)
     if kept.gini is None:
-        if hasattr(src, "chunk_counts"):
+        if kept.routed is None and hasattr(src, "chunk_counts"):
             _prompt_counts(src, specs, t, c, seed)
             kept.gini = _counted_gini(kept.every, specs)
         else:
@@ -176,11 +176,11 @@ def _prompt_gini(src, specs, t, c, seed) -> float:
 
 
 def _prompt_counts(src, specs, t, c, seed) -> RoutingCounts:
-    """The prompt's RoutingCounts: counted as they are drawn where the source can (chunk_counts: no expert order or
-    weights), else of its sampled chunks."""
+    """The prompt's RoutingCounts: of its sampled chunks where they were drawn (the per-op replay), else counted as
+    they are drawn where the source can (chunk_counts: no expert order or weights; the same counts)."""
     kept = _prompt(src, specs, t, c, seed)
     if kept.counts is None:
-        if hasattr(src, "chunk_counts"):
+        if kept.routed is None and hasattr(src, "chunk_counts"):
             kept.every, real = src.chunk_counts(specs, t, c, seed)
             kept.counts = RoutingCounts(tuple(s.layer for s in specs), real, (kept.every > 0).sum(2), c, t,
                                         specs[0].top_k)
