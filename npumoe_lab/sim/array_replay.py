@@ -136,9 +136,9 @@ def summarize_stream(stream, platform, draws: dict | None = None) -> dict:
     shared = platform.npu_shares_cpu
     m = {k: float(v[0]) for k, v in stream_metrics(stream, _point_params(platform), shared).items()}
     r = _reduced(stream, distinct=False)
-    roles = np.unique(stream.cols["role"])
-    work = (stream.cols["role"] == CPU).any() or (shared and (roles == NPU).any()) or \
-        (r.npu_calls * platform.npu.host_call_s > 0)
+    role = stream.cols["role"]
+    on_npu, on_cpu = bool((role == NPU).any()), bool((role == CPU).any())
+    work = on_cpu or (shared and on_npu) or (r.npu_calls * platform.npu.host_call_s > 0)
     out = {
         "ttft_s": m["ttft_s"], "cpu_busy_s": m["cpu_busy_s"], "npu_busy_s": m["npu_busy_s"],
         "cpu_core_s": m["cpu_core_s"], "cpu_cycles": m["cpu_cycles"], "cpu_threads": None,
@@ -148,8 +148,8 @@ def summarize_stream(stream, platform, draws: dict | None = None) -> dict:
                         f"CPU: watts per core x core-seconds"),
         "cycles_source": MODELED if work else "none",
         "platform_profile": platform.name, "platform_hash": platform.hash,
-        "timing_source_npu": MODELED if (roles == NPU).any() else "none",
-        "timing_source_cpu": MODELED if (roles == CPU).any() else "none",
+        "timing_source_npu": MODELED if on_npu else "none",
+        "timing_source_cpu": MODELED if on_cpu else "none",
         "schema_version": ROW_SCHEMA_VERSION, "cycles_definition": CYCLES_DEFINITION,
         "drop_rate": stream.drop_rate, "pad_rate": stream.pad_rate,
     }

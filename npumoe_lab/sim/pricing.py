@@ -206,6 +206,9 @@ def _curve_rate(curve, m, n, k) -> np.ndarray:
     return np.exp(np.interp(np.log(size), xs, ys))
 
 
+ROOFLINE_COLUMNS = ("flops", "bytes", "calls", "gemm_m", "gemm_n", "gemm_k")     # the op columns roofline reads
+
+
 def roofline(params: dict, role: int, ops: dict) -> np.ndarray:
     """Seconds (D, n) of ops (stream columns) of one role: calls x (dispatch + sync + op overhead) + max(flops /
     rate, bytes / bw)."""
@@ -288,10 +291,11 @@ def price_stream(params: dict, stream, structure: str | None = None) -> np.ndarr
     cost = STRUCTURES[structure]
     D = max(np.size(v) for k, v in params.items() if not k.endswith("_throughput_curve"))
     out = np.empty((D, len(cols["role"])))
+    keys = ROOFLINE_COLUMNS if structure == "roofline" else tuple(cols)     # what the structure reads
     for role in (NPU, CPU):
         sel = cols["role"] == role
         if sel.any():
-            out[:, sel] = cost(params, role, {k: np.asarray(v)[sel] for k, v in cols.items()})
+            out[:, sel] = cost(params, role, {k: np.asarray(cols[k])[sel] for k in keys})
     if "noise_factor" in params:
         out *= _param(params, "noise_factor")
     return out
