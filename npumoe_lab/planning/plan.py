@@ -93,8 +93,8 @@ class Plan:
 
     @classmethod
     def _built(cls, layer_texts: list[str], **fields) -> "Plan":
-        """build_plan's plan: each layer was checked when its JSON pieces were made (`_StaticLayer.pieces`) and the hash
-        is taken from the layers' texts (plan_json.py: the same digest as the whole body's)."""
+        """build_plan's plan: each layer was checked when its JSON pieces were made (`_StaticLayer.pieces`) and
+        the hash is taken from the layers' texts (plan_json.py: the same digest as the whole body's)."""
         plan = cls.__new__(cls)
         plan.__dict__.update(version=PLAN_VERSION, **fields)
         check_rule(plan.saliency)
@@ -274,7 +274,8 @@ class _StaticLayer:
     loads: list                 # expected routed tokens per chunk of each group (the CPU's load)
     entry: dict                 # the layer's JSON content but residency
     _pieces: LayerPieces | None = None
-    makespan_parts: dict = field(default_factory=dict)    # LayerMakespan's platform-free parts (read only)
+    # LayerMakespan's platform-free parts (loads, rows, candidate sets): filled by the first plan's model
+    makespan_parts: dict = field(default_factory=dict)
 
     def pieces(self, lp: dict) -> LayerPieces:
         """The layer's JSON pieces, made from the first plan layer built on it (`lp`), which is checked then, as
@@ -314,9 +315,7 @@ def _static_layer(profile, spec, k, tier_args, group_args, weight_size, limit, m
              for g in groups]             # one expert: its load (0 + x is x: loads are never -0.0)
     entry = dict(capacity=assign.capacity.tolist(), tier=assign.tier.tolist(),
                  tier_capacities=list(assign.tier_capacities),
-                 groups=[{"id": g.id, "tier": g.tier, "capacity": g.capacity, "experts": list(g.experts),
-                          "expected_tokens": round(g.expected_tokens, 4), "weight_bytes": g.weight_bytes}
-                         for g in groups],                 # = g.to_dict(), its expected tokens rounded
+                 groups=[g.to_dict() | {"expected_tokens": round(g.expected_tokens, 4)} for g in groups],
                  expected_padding=round(expected_padding(assign, counts), 6),
                  expected_drop_rate=round(expected_drop_rate(assign, counts), 6))
     return _StaticLayer(spec, counts, groups, tuple(notes), loads, entry)

@@ -182,8 +182,7 @@ def _prompt_counts(src, specs, t, c, seed) -> RoutingCounts:
     if kept.counts is None:
         if kept.routed is None and hasattr(src, "chunk_counts"):
             kept.every, real = src.chunk_counts(specs, t, c, seed)
-            kept.counts = RoutingCounts(tuple(s.layer for s in specs), real, (kept.every > 0).sum(2), c, t,
-                                        specs[0].top_k)
+            kept.counts = RoutingCounts.of([s.layer for s in specs], kept.every, real, c, t, specs[0].top_k)
         else:
             kept.counts = routing_counts(_chunks(src, specs, t, c, seed), specs, t, c)
     return kept.counts

@@ -61,6 +61,11 @@ class RoutingCounts:
     def n_chunks(self) -> int:
         return self.real.shape[0]
 
+    @classmethod
+    def of(cls, layers, every: np.ndarray, real: np.ndarray, chunk: int, prompt_len: int, top_k: int):
+        """From per-(chunk, layer, expert) counts of every token (`every`, padding too) and of the real ones."""
+        return cls(tuple(layers), real, (every > 0).sum(2), chunk, prompt_len, top_k)
+
 
 def routing_counts(routed, specs, prompt_len: int, chunk: int) -> RoutingCounts:
     """Counts of a routing source's sampled chunks (`src.chunks(...)`: [chunk] -> {layer: (top_k_index, weights,
@@ -88,7 +93,7 @@ def routing_counts(routed, specs, prompt_len: int, chunk: int) -> RoutingCounts:
     if n_last < chunk:            # padding tokens of the last chunk take no capacity
         pad = np.bincount((idx[-1, :, n_last:] + base[-1]).reshape(-1) - (C - 1) * L * E, minlength=L * E)
         real[-1] -= pad.reshape(L, E)
-    return RoutingCounts(layers, real, (touched_all > 0).sum(2), chunk, prompt_len, Kr)
+    return RoutingCounts.of(layers, touched_all, real, chunk, prompt_len, Kr)
 
 
 @dataclass
