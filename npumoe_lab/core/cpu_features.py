@@ -21,6 +21,7 @@ import subprocess
 import torch
 
 from npumoe_lab.errors import NpuMoeError
+from npumoe_lab.core.host_memory import malloc_policy
 
 ENV_FLAGS = "NPUMOE_CPU_FLAGS"
 # the flags that decide or explain a dtype choice (rows record these, not the CPU's hundred others)
@@ -125,13 +126,13 @@ def dtype_name(dtype: torch.dtype) -> str:
 def row_fields(dtype: torch.dtype, flags=None) -> dict:
     """What every measured result row records about the numerics it ran: `dtype`, `cpu_flags` (the relevant
     ones, sorted; '+override' when NPUMOE_CPU_FLAGS replaced the detected flags, '+isa=AVX2' under an ISA limit)
-    and `cpu_model`."""
+    and `cpu_model`, and `host_malloc`, the allocator policy in force (core/host_memory.py)."""
     overridden = flags is None and os.environ.get(ENV_FLAGS) is not None
     limit = isa_limit() if flags is None and not overridden else None
     flags = cpu_flags() if flags is None else flags
     text = (",".join(sorted(f for f in flags if f in RELEVANT)) + ("+override" if overridden else "")
             + (f"+isa={limit}" if limit else ""))
-    return {"dtype": dtype_name(dtype), "cpu_flags": text, "cpu_model": cpu_model()}
+    return {"dtype": dtype_name(dtype), "cpu_flags": text, "cpu_model": cpu_model(), "host_malloc": malloc_policy()}
 
 
 __all__ = ["cpu_flags", "cpu_model", "native_bf16", "native_fp16", "fast_dtype", "resolve_dtype", "dtype_name",

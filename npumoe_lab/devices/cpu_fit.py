@@ -300,6 +300,8 @@ def _fit_summary(res: dict, measurements: str, stamp: str) -> dict:
             "free_parameters": list(res["free"]),
             "fit_median_abs_err": res["median_abs_err"], "fit_worst_abs_err": res["worst_abs_err"],
             "rms_log": res["rms_log"], "torch_threads": res.get("threads"),
+            # the allocator policy `measure` ran under (core/host_memory.py); a run under another is not counted
+            "host_malloc": res.get("malloc"),
             # median host speed probe over the rows used: shown beside each run's (a reading, not a rule: hostspeed.py)
             "probe_s": res.get("probe_s"),
             # median speed anchor over the rows used: a run's price is scaled by its anchor over this (hostspeed.py)
@@ -424,18 +426,19 @@ def load_host_uncertainty(path, dtype: str | None = None) -> dict | None:
     sigma = summ.get("cv_sigma_log")
     return {"free": list(summ["free_parameters"]), "cov_log": np.asarray(summ["posterior_cov_log"], float),
             "sigma_log": float(sigma) if sigma is not None and np.isfinite(sigma) else 0.0,
-            "threads": summ.get("torch_threads"), "probe_s": summ.get("probe_s"), "anchor_s": summ.get("anchor_s"),
+            "threads": summ.get("torch_threads"), "malloc": summ.get("host_malloc"), "probe_s": summ.get("probe_s"), "anchor_s": summ.get("anchor_s"),
             "anchor_beta": summ.get("anchor_beta")}
 
 
-def measured_threads(measurements) -> int | None:
-    """The torch threads `measure` ran at (its files' host.torch_threads; None: not recorded or they differ)."""
+def measured_host(measurements, key: str):
+    """One field of the host `measure` ran on (its files' host.<key>: torch_threads, host_malloc); None when not
+    recorded or the files differ."""
     p = Path(measurements)
     files = [p] if p.is_file() else sorted([*p.glob("*.yaml"), *p.glob("*.yml")])
     seen = set()
     for f in files:
         host = (yaml.safe_load(f.read_text()) or {}).get("host") or {}
-        seen.add(host.get("torch_threads"))
+        seen.add(host.get(key))
     return seen.pop() if len(seen) == 1 and None not in seen else None
 
 
@@ -456,9 +459,9 @@ def fit_cli(a) -> int:
     is also registered for this host (hostprofile.register_host_fit) when the rows are this host's."""
     df = load_measurements(a.measurements)
     fits = fit_hosts(df, str(a.measurements), include_busy=getattr(a, "include_busy", False))
-    threads = measured_threads(a.measurements)
+    threads, malloc = (measured_host(a.measurements, k) for k in ("torch_threads", "host_malloc"))
     for res in fits.values():
-        res["threads"] = threads
+        res["threads"], res["malloc"] = threads, malloc
     for d, res in fits.items():
         print(f"{d}: fitted {len(res['free'])} parameters of the cpu host model on {len(res['rows_used'])} fit rows "
               f"of {res['chip']} ({res['n_busy_skipped']} host_busy rows skipped, {res['n_busy_used']} used): median "

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from npumoe_lab.core.host_memory import keep_freed_memory
 from npumoe_lab.execution.clock import NullClock
 # the checks and PrefillConfig live in config.py (no torch: a simulation imports them); named here as before
 from npumoe_lab.execution.config import (ATTENTION_ROLES, PrefillConfig, check_chunk, check_context,  # noqa: F401
@@ -134,6 +135,8 @@ def chunked_prefill(model, input_ids: torch.Tensor, config: PrefillConfig | int,
     if layout is not None:
         layout.check_chunk(chunk)
     timed = clock is not None
+    if timed:
+        keep_freed_memory()         # a timed prefill pays no page faults for its freed blocks (core/host_memory.py)
     clock = clock if timed else NullClock()
     geometry = ModelGeometry.from_config(model.config) if timed else None
     hooks = _Hooks(model, geometry, clock, find_moe_blocks(model), measure_hf_experts, config.attention) \

@@ -26,6 +26,7 @@ import torch
 import yaml
 
 from npumoe_lab.core.cpu_features import dtype_name, resolve_dtype, row_fields
+from npumoe_lab.core.host_memory import keep_freed_memory
 from npumoe_lab.devices import get_platform
 from npumoe_lab.devices.cost import expert_ffn_cost
 from npumoe_lab.devices.cpu_model import annotate, from_op
@@ -257,6 +258,7 @@ def measure_device(device: str = "cpu", geometries=GEOMETRIES, repeats: int = 5,
         require_onnxruntime()
     npu_backend = None if device == "cpu" else device
     dtype = resolve_dtype(dtype)
+    keep_freed_memory()             # no page faults in timed ops: core/host_memory.py (rows record host_malloc)
     rows = []
     for geom in geometries:
         spec = grid(geom, quick)

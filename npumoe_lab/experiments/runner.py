@@ -16,6 +16,7 @@ import torch
 
 from npumoe_lab.execution.calibrate import calibration_profile
 from npumoe_lab.core.cpu_features import resolve_dtype, row_fields
+from npumoe_lab.core.host_memory import keep_freed_memory
 from npumoe_lab.devices import as_platform
 from npumoe_lab.devices.hostload import HostLoad, warn_if_busy
 from npumoe_lab.devices.hostspeed import probe_s
@@ -142,7 +143,8 @@ class _Run:
         else:
             model_obj, tok = load_model(model, dtype=resolve_dtype(dtype))
             name = model_name or str(model)
-        numerics_fields = row_fields(next(model_obj.parameters()).dtype)   # dtype, cpu_flags, cpu_model
+        keep_freed_memory()             # before row_fields records it (core/host_memory.py)
+        numerics_fields = row_fields(next(model_obj.parameters()).dtype)   # dtype, cpu_flags, cpu_model, malloc
         check_context(getattr(model_obj.config, "max_position_embeddings", None), prompt_len, "--prompt-len")
         wl = get_workload(workload)
         samples = wl.samples(tok, prompt_len, n_samples, seed)

@@ -170,11 +170,15 @@ def validate_runs_by_kind(platform_path, runs_dir, use_anchor: bool = True) -> t
         ran = int(g["torch_threads"].iloc[0]) if "torch_threads" in g and pd.notna(g["torch_threads"].iloc[0]) \
             else None
         other_threads = bool(unc and unc.get("threads") and ran and ran != unc["threads"])
+        # and the allocator policy (core/host_memory.py): page faults are not in a keep-freed fit's prices
+        malloc = str(g["host_malloc"].iloc[0]) if "host_malloc" in g and pd.notna(g["host_malloc"].iloc[0]) else None
+        other_malloc = bool(unc and unc.get("malloc") and malloc and malloc != unc["malloc"])
         # the host speed probe beside the fit rows' (hostspeed.py): shown, never a reason not to count
         probe = float(g["host_probe_s"].median()) if "host_probe_s" in g else float("nan")
         speed = speed_note(probe, (unc or {}).get("probe_s") or float("nan"))
         why = str(g["host_busy_reason"].iloc[0]) if busy else \
-            (f"ran at {ran} torch threads, the fit's rows at {unc['threads']}" if other_threads else "")
+            (f"ran at {ran} torch threads, the fit's rows at {unc['threads']}" if other_threads else
+             f"ran under malloc policy {malloc}, the fit's rows under {unc['malloc']}" if other_malloc else "")
         ident = dict(zip(KEYS + ["platform", "run_id"], key), dtype=dtype or "")
         out.append(dict(ident, workload=str(g["workload"].iloc[0])
                         if "workload" in g else "", measured_ttft_s=measured, modeled_ttft_s=pred,
@@ -185,7 +189,7 @@ def validate_runs_by_kind(platform_path, runs_dir, use_anchor: bool = True) -> t
                         unanchored_abs_err=abs(price / measured - 1),
                         host_busy_reason=why, host_probe_s=probe,
                         fit_probe_s=(unc or {}).get("probe_s") or float("nan"), host_speed_note=speed,
-                        counted=not busy and not other_threads, n_samples=len(per_sample),
+                        counted=not (busy or other_threads or other_malloc), n_samples=len(per_sample),
                         run_dir=str(d)))
         kinds += _kind_rows(params, sampled, measured, dict(ident, run_dir=str(d), measured_ttft_s=measured), factor)
     if not out:

@@ -130,3 +130,33 @@ def test_runs_at_another_thread_count_than_the_fit_are_not_counted(tmp_path):
     assert "ran at 1 torch threads, the fit's rows at 2" in got.loc["reference", "host_busy_reason"]
     lo, hi = got.loc["npumoe", ["modeled_ttft_lo_s", "modeled_ttft_hi_s"]]
     assert lo <= got.loc["npumoe", "modeled_ttft_s"] <= hi
+
+
+def test_runs_under_another_malloc_policy_than_the_fit_are_not_counted(tmp_path):
+    from tests.experiments.test_validate_runs import fake_run
+    from npumoe_lab.experiments.validate_runs import validate_runs
+    res = cpu_fit.fit_host(_rows_df(tmp_path, {"bf16": TRUE}))
+    res["malloc"] = "keep-freed"
+    path = cpu_fit.write_fit(res, tmp_path / "f", "m")
+    assert cpu_fit.load_host_uncertainty(path)["malloc"] == "keep-freed"
+    runs, _ = fake_run(tmp_path, cpu_fit.load_host_model(path))
+    rows_file = next(runs.glob("rows-*.parquet"))
+    df = pd.read_parquet(rows_file)
+    df["host_malloc"] = ["keep-freed", "keep-freed", "system", "system"]   # npumoe as fitted; reference under system
+    df["host_busy"] = False
+    df.to_parquet(rows_file)
+    got = validate_runs(path, runs).set_index("variant")
+    assert got.loc["npumoe", "counted"] and not got.loc["reference", "counted"]
+    assert "malloc policy system, the fit's rows under keep-freed" in got.loc["reference", "host_busy_reason"]
+
+
+def test_fit_device_records_the_malloc_policy_measure_ran_under(tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    for name, policy in (("measurements.yaml", "keep-freed"), ("measurements-fp32.yaml", "keep-freed")):
+        (folder / name).write_text(yaml.safe_dump({"host": {"host_malloc": policy, "torch_threads": 2}}))
+    assert cpu_fit.measured_host(folder, "host_malloc") == "keep-freed"
+    assert cpu_fit.measured_host(folder, "torch_threads") == 2
+    (folder / "measurements-fp32.yaml").write_text(yaml.safe_dump({"host": {"host_malloc": "system"}}))
+    assert cpu_fit.measured_host(folder, "host_malloc") is None          # files that differ name no policy
+    assert cpu_fit.measured_host(folder, "torch_threads") is None        # nor threads, where one file lacks them

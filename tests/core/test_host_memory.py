@@ -1,0 +1,56 @@
+"""The keep-freed allocator policy: a freed large block is reused without page faults (counted by the kernel,
+not timed), the system policy faults on every fresh block, and rows say which was in force. Each case runs in a
+fresh interpreter: the policy is process-wide and cannot be taken back."""
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from npumoe_lab.core import host_memory
+from npumoe_lab.errors import NpuMoeError
+
+PROBE = """
+import resource, torch
+from npumoe_lab.core.host_memory import keep_freed_memory, malloc_policy
+from npumoe_lab.core.cpu_features import row_fields
+before = malloc_policy()
+policy = keep_freed_memory()
+def faults():
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    x = torch.ones(16 * 2**20)              # 64 MB: above glibc's largest mmap threshold (32 MB)
+    del x
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+faults()
+print(before, policy, row_fields(torch.float32)["host_malloc"], min(faults() for _ in range(3)))
+"""
+
+glibc = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+                           reason="the policy acts on glibc's malloc only")
+
+
+def _probe(policy: str) -> list:
+    env = dict(os.environ, NPUMOE_MALLOC=policy)
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+@glibc
+def test_keep_freed_reuses_a_large_block_without_page_faults():
+    before, policy, recorded, faults = _probe("keep")
+    assert (before, policy, recorded) == ("system", "keep-freed", "keep-freed")
+    assert int(faults) < 200                 # 64 MB of fresh pages would be 16,384 faults
+
+
+@glibc
+def test_the_system_policy_faults_on_every_fresh_large_block():
+    before, policy, recorded, faults = _probe("system")
+    assert (policy, recorded) == ("system", "system")
+    assert int(faults) > 8000                # the block is mmapped afresh and first-touched again
+
+
+def test_an_unknown_policy_is_one_clear_error(monkeypatch):
+    monkeypatch.setenv(host_memory.ENV, "jemalloc")
+    with pytest.raises(NpuMoeError, match="NPUMOE_MALLOC='jemalloc'.*'keep'.*'system'"):
+        host_memory.keep_freed_memory()
