@@ -43,6 +43,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from npumoe_lab.core.host_memory import keep_freed_memory, malloc_policy  # noqa: E402
 from npumoe_lab.execution.clock import NullClock  # noqa: E402  (after the path insert: bench runs from a checkout)
 from npumoe_lab.planning.layout import ExecutionLayout  # noqa: E402
 from npumoe_lab.execution.ops import ChunkContext, chunk_scope  # noqa: E402
@@ -379,7 +380,7 @@ def provenance(threads) -> str:
         commit = "?"
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     return (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit} (+ working tree), {cpu}, "
-            f"torch {torch.__version__}, threads {threads}")
+            f"torch {torch.__version__}, threads {threads}, malloc {malloc_policy()}")
 
 
 def parse_args(argv=None):
@@ -413,6 +414,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    keep_freed_memory()              # as every engine prefill does: no page faults in the timed rows
     from npumoe_lab.core.cpu_features import dtype_name, fast_dtype
     args.dtypes = ",".join(dtype_name(fast_dtype()) if d == "auto" else d for d in args.dtypes.split(","))
     only = {"layer", "calib", "prefill", "policy", "experts"} if args.only == "all" else set(args.only.split(","))

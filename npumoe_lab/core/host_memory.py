@@ -12,8 +12,8 @@ docs/CPU_LOOP.md). No cost model can price which mode a run meets.
 `keep_freed_memory()` turns glibc's mmap off for blocks (M_MMAP_MAX 0) and raises the trim threshold to 2 GB
 (M_TRIM_THRESHOLD), so freed blocks stay in the heap and the next chunk reuses them without faults (the same
 prefill: 0 faults after the first, TTFT 3.4-3.7 s against 4.4-4.8 s). The price: the process keeps its peak heap
-until it exits (up to 2 GB more above it is returned). Every measured path applies it (the timed prefill,
-`measure`, `run`, bench), and every measured row records the policy in force (`host_malloc`);
+until it exits (up to 2 GB more above it is returned). Every prefill through the engine applies it (timed or not:
+`run`, `measure`, accuracy, bench), and every measured row records the policy in force (`host_malloc`);
 `NPUMOE_MALLOC=system` keeps glibc's own policy (rows then say `system`). Elsewhere than Linux with glibc it does
 nothing and says so.
 """

@@ -135,8 +135,7 @@ def chunked_prefill(model, input_ids: torch.Tensor, config: PrefillConfig | int,
     if layout is not None:
         layout.check_chunk(chunk)
     timed = clock is not None
-    if timed:
-        keep_freed_memory()         # a timed prefill pays no page faults for its freed blocks (core/host_memory.py)
+    keep_freed_memory()             # no page faults for freed blocks, timed or not (core/host_memory.py)
     clock = clock if timed else NullClock()
     geometry = ModelGeometry.from_config(model.config) if timed else None
     hooks = _Hooks(model, geometry, clock, find_moe_blocks(model), measure_hf_experts, config.attention) \
