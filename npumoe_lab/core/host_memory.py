@@ -11,8 +11,9 @@ docs/CPU_LOOP.md). No cost model can price which mode a run meets.
 
 `keep_freed_memory()` turns glibc's mmap off for blocks (M_MMAP_MAX 0) and raises the trim threshold to 2 GB
 (M_TRIM_THRESHOLD), so freed blocks stay in the heap and the next chunk reuses them without faults (the same
-prefill: 0 faults after the first, TTFT 3.4-3.7 s against 4.4-4.8 s). The price: the process keeps its peak heap
-until it exits (up to 2 GB more above it is returned). Every prefill through the engine applies it (timed or not:
+prefill: 0 faults after the first; alternated processes, its TTFT 0.77x in fp32 and 0.94x in bf16 of glibc's
+policy: docs/PERFORMANCE.md). The price: the process keeps its peak heap until it exits (above it, what exceeds
+2 GB is returned; peak RSS +0.2-0.6 GB on that prefill). Every prefill through the engine applies it (timed or not:
 `run`, `measure`, accuracy, bench), and every measured row records the policy in force (`host_malloc`);
 `NPUMOE_MALLOC=system` keeps glibc's own policy (rows then say `system`). Elsewhere than Linux with glibc it does
 nothing and says so.

@@ -426,8 +426,8 @@ def load_host_uncertainty(path, dtype: str | None = None) -> dict | None:
     sigma = summ.get("cv_sigma_log")
     return {"free": list(summ["free_parameters"]), "cov_log": np.asarray(summ["posterior_cov_log"], float),
             "sigma_log": float(sigma) if sigma is not None and np.isfinite(sigma) else 0.0,
-            "threads": summ.get("torch_threads"), "malloc": summ.get("host_malloc"), "probe_s": summ.get("probe_s"), "anchor_s": summ.get("anchor_s"),
-            "anchor_beta": summ.get("anchor_beta")}
+            "threads": summ.get("torch_threads"), "malloc": summ.get("host_malloc"), "probe_s": summ.get("probe_s"),
+            "anchor_s": summ.get("anchor_s"), "anchor_beta": summ.get("anchor_beta")}
 
 
 def measured_host(measurements, key: str):
