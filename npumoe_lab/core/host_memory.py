@@ -13,7 +13,10 @@ docs/CPU_LOOP.md). No cost model can price which mode a run meets.
 (M_TRIM_THRESHOLD), so freed blocks stay in the heap and the next chunk reuses them without faults (the same
 prefill: 0 faults after the first; alternated processes, its TTFT 0.77x in fp32 and 0.94x in bf16 of glibc's
 policy: docs/PERFORMANCE.md). The price: the process keeps its peak heap until it exits (above it, what exceeds
-2 GB is returned; peak RSS +0.2-0.6 GB on that prefill). Every prefill through the engine applies it (timed or not:
+2 GB is returned; peak RSS +0.2-0.6 GB on that prefill). A freed block is reused when a request fits in it: torch's
+64-byte-aligned request of exactly a freed block's size can miss it (small blocks allocated after it keep it from
+the heap's top), and then the heap grows instead (a loop of 64 MB tensors did so in 8 of 12 processes); the
+prefills above settle after the first. Every prefill through the engine applies it (timed or not:
 `run`, `measure`, accuracy, bench), and every measured row records the policy in force (`host_malloc`);
 `NPUMOE_MALLOC=system` keeps glibc's own policy (rows then say `system`). Elsewhere than Linux with glibc it does
 nothing and says so.
