@@ -136,6 +136,7 @@ class _Run:
             raise NpuMoeError(f"n_samples (--n-samples) must be >= 1; got {n_samples}")
         check_chunk(chunk)
         check_lengths(prompt_len, chunk)
+        keep_freed_memory()             # before the model's weights and row_fields (core/host_memory.py)
         if isinstance(model, tuple):
             model_obj, tok = model
             name = model_name or getattr(model_obj.config, "_name_or_path", "model")
@@ -143,7 +144,6 @@ class _Run:
         else:
             model_obj, tok = load_model(model, dtype=resolve_dtype(dtype))
             name = model_name or str(model)
-        keep_freed_memory()             # before row_fields records it (core/host_memory.py)
         numerics_fields = row_fields(next(model_obj.parameters()).dtype)   # dtype, cpu_flags, cpu_model, malloc
         check_context(getattr(model_obj.config, "max_position_embeddings", None), prompt_len, "--prompt-len")
         wl = get_workload(workload)

@@ -58,3 +58,18 @@ def test_an_unknown_policy_is_one_clear_error(monkeypatch):
     monkeypatch.setenv(host_memory.ENV, "jemalloc")
     with pytest.raises(NpuMoeError, match="NPUMOE_MALLOC='jemalloc'.*'keep'.*'system'"):
         host_memory.keep_freed_memory()
+
+
+def test_run_with_an_unknown_policy_stops_before_any_work(tmp_path, monkeypatch, capsys):
+    from npumoe_lab.cli import main
+    from npumoe_lab.experiments import runner
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the policy was checked")
+    monkeypatch.setattr(runner, "load_model", no_load)
+    monkeypatch.setenv(host_memory.ENV, "tcmalloc")
+    out = tmp_path / "run"
+    rc = main(["run", "--model", "tiny", "--workload", "ruler-multikey", "--platform", "cpu", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "NPUMOE_MALLOC='tcmalloc'" in err[0]
+    assert not list(out.glob("rows-*"))                        # nothing measured, nothing written
