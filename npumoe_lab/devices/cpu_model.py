@@ -27,9 +27,11 @@ kinds get more structure, each from what the engine does (engine.py, packing.py,
   (cold experts, spilled overflow) is one more [T, H] add (`call_s_scatter_part` + its traffic).
 - other (the chunk's rest: embedding, norms, residual adds, LM head, and the engine's bookkeeping between the timed
   ops, which lands here because it is not inside any op): a floor per chunk, one per layer, `other_op_s` per op the
-  chunk recorded, the LM head [T, H] x [H, V] at its own rate (`lm_head_flops`: one F.linear with N = vocab, not
+  chunk recorded, the LM head [R, H] x [H, V] at its own rate (`lm_head_flops`: one F.linear with N = vocab, not
   the expert GEMMs) PLUS a pass over its [V, H] weight (`lm_head_bytes_s`: the GEMM packs the whole weight on every
-  call, whatever T), and the norms' traffic.
+  call, whatever R), and the norms' traffic. R, the LM head's rows, is the shape's fifth entry: 1 in a prompt's
+  last chunk, 0 (no LM head) in the others, since prefills project only what the first token needs
+  (execution/head.py); a record of four entries comes from before that and projected every row (R = T).
 
 The context the last two need (R, the parts and the tokens of a scatter's layer, the op count of a chunk) comes
 from the op stream around the op (`annotate`); measure stores it with each row, validate-device --runs reads it
@@ -176,7 +178,7 @@ def _context(op, key, default) -> int:
 # vectorised time of all rows. price / price_many / fit all go through them (one implementation).
 RATES = ("peak_flops", "large_flops", "attention_gemm_flops", "large_attention_flops")       # rate_idx 0, 1, 2, 3
 FIELDS = ("kind_idx", "calls", "chains", "group_chains", "gather", "parts", "flops", "bytes", "rows", "rate_idx",
-          "score_flops", "t", "layers", "h", "v", "chunk_ops", "grouped", "small_attention_gemm", "dynamic_ops",
+          "score_flops", "t", "head_rows", "layers", "h", "v", "chunk_ops", "grouped", "small_attention_gemm", "dynamic_ops",
           "router_elems", "dispatch_rows")
 
 
@@ -221,12 +223,14 @@ def _engine_op(op) -> dict:
 
 
 def _other_op(op) -> dict:
-    """Features of the chunk's rest: its shape (chunk t, layers, hidden h, vocab v) and the chunk's op count."""
-    if len(op["shape"]) != 4:
-        raise NpuMoeError(f"an 'other' op needs shape (chunk, layers, hidden, vocab), got {op['shape']!r}; "
-                          "re-run with this version (it records the shape)")
-    t, layers, h, v = op["shape"]
-    return dict(kind_idx=-1, t=t, layers=layers, h=h, v=v, chunk_ops=_context(op, "chunk_ops", 0))
+    """Features of the chunk's rest: its shape (chunk t, layers, hidden h, vocab v, the LM head's rows) and the
+    chunk's op count. Four entries: a record from before prefills projected the last position only (rows = t)."""
+    if len(op["shape"]) not in (4, 5):
+        raise NpuMoeError(f"an 'other' op needs shape (chunk, layers, hidden, vocab, lm-head rows), got "
+                          f"{op['shape']!r}; re-run with this version (it records the shape)")
+    t, layers, h, v = op["shape"][:4]
+    rows = op["shape"][4] if len(op["shape"]) == 5 else t
+    return dict(kind_idx=-1, t=t, head_rows=rows, layers=layers, h=h, v=v, chunk_ops=_context(op, "chunk_ops", 0))
 
 
 class OpFeatures:
@@ -286,10 +290,12 @@ def _price_engine(p: dict, f: OpFeatures) -> np.ndarray:
 
 
 def _price_other(p: dict, f: OpFeatures) -> np.ndarray:
-    """The chunk's rest: floors per chunk, layer and op + the LM head's compute AND weight pass + the norms' traffic."""
-    flops = 2.0 * f.t * f.h * f.v
-    t_head = flops / (p["lm_head_flops"] * _utilisation(flops, f.t, p, p["rows_half"])) \
-        + f.v * f.h * DTYPE_BYTES / p["lm_head_bytes_s"]
+    """The chunk's rest: floors per chunk, layer and op + the LM head's compute AND weight pass (where the chunk
+    has one) + the norms' traffic."""
+    flops = 2.0 * f.head_rows * f.h * f.v
+    t_head = np.where(f.head_rows > 0, flops / (p["lm_head_flops"] * _utilisation(flops, f.head_rows, p,
+                                                                                  p["rows_half"]))
+                      + f.v * f.h * DTYPE_BYTES / p["lm_head_bytes_s"], 0.0)
     return (p["other_chunk_s"] + f.layers * p["other_layer_s"] + f.chunk_ops * p["other_op_s"]
             + t_head + f.layers * 10 * f.t * f.h * DTYPE_BYTES / p["bandwidth_bytes_s"])
 
@@ -361,8 +367,12 @@ def _informed(name: str, ops) -> bool:
         return bool((f.dispatch_rows > 0).any())
     if name == "other_op_s":
         return bool(((f.kind_idx < 0) & (f.chunk_ops > 0)).any())
-    if name in ("other_chunk_s", "other_layer_s", "lm_head_flops", "lm_head_bytes_s"):
+    if name in ("other_chunk_s", "other_layer_s"):
         return -1 in kinds
+    if name == "lm_head_bytes_s":
+        return bool(((f.kind_idx < 0) & (f.head_rows > 0)).any())
+    if name == "lm_head_flops":     # one row's projection is its weight pass: the rate needs heads of many rows
+        return bool(((f.kind_idx < 0) & (f.head_rows > 1)).any())
     if name in ("large_flops", "large_rows_half"):
         rates = (1, 3) if name == "large_rows_half" else (1,)      # a large attention shares the rows curve only
         return bool(((f.kind_idx >= 0) & np.isin(f.rate_idx, rates)).any())

@@ -24,6 +24,7 @@ from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.clock import NullClock
 from npumoe_lab.execution.config import PrefillConfig, check_context
 from npumoe_lab.execution.geometry import ModelGeometry
+from npumoe_lab.execution.head import FinalHidden, check_finite, chunk_logits, keep_positions
 from npumoe_lab.execution.ops import BatchChunkContext, chunk_scope
 from npumoe_lab.execution.runtime import PrefillResult, _Hooks, _record_rest, attached_layout, finish
 from npumoe_lab.models import find_moe_blocks
@@ -87,12 +88,12 @@ def batched_prefill(model, input_ids: torch.Tensor, config: PrefillConfig, keep_
     geometry = ModelGeometry.from_config(model.config) if timed else None
     hooks = _Hooks(model, geometry, fan, find_moe_blocks(model), False, config.attention) if timed else None
     device = next(model.parameters()).device
-    cache, logits = DynamicCache(config=model.config), []
+    cache, logits, final = DynamicCache(config=model.config), [], FinalHidden(model)
     t_start = time.perf_counter()
     try:
         for c, s in enumerate(range(0, T, chunk)):
             ids = input_ids[:, s:s + chunk].to(device)
-            n_real = ids.shape[1]
+            n_real, last = ids.shape[1], s + chunk >= T
             pad = chunk - n_real                         # the static graphs take exactly `chunk` tokens
             if pad:
                 ids = torch.cat([ids, ids.new_full((B, pad), config.pad_token_id)], 1)
@@ -100,20 +101,21 @@ def batched_prefill(model, input_ids: torch.Tensor, config: PrefillConfig, keep_
             ctx = BatchChunkContext(**{k: getattr(base, k) for k in base.__dataclass_fields__}, clocks=tuple(clocks))
             if hooks is not None:
                 hooks.ctx = ctx
-            with chunk_scope(ctx):
-                out = model(input_ids=ids, cache=cache, use_cache=True)
+            with chunk_scope(ctx):      # as chunked_prefill: the last position's logits only (head.py)
+                out = model(input_ids=ids, cache=cache, use_cache=True,
+                            logits_to_keep=keep_positions(n_real, last, device))
             cache = out.cache
             if timed:
                 for clk, sub in zip(clocks, ctx.sequences()):
-                    _record_rest(clk, geometry, sub, 0.0, len(clk.events), last=s + chunk >= T)
-            chunk_logits = out.logits[:, :n_real]
-            if not bool(torch.isfinite(chunk_logits.sum())) and bool(torch.isnan(chunk_logits).any()):
-                raise NpuMoeError(f"NaN in the logits of prefill chunk {c}; check the model weights/dtype")
+                    _record_rest(clk, geometry, sub, 0.0, len(clk.events), last=last)
+            check_finite(final.hidden[:, :n_real], c)
             if keep_logits:
-                logits.append(chunk_logits.float())
+                logits.append(chunk_logits(model, final.hidden)[:, :n_real].float())
+            final.hidden = None
             if pad:
                 cache.crop(-pad)
     finally:
+        final.remove()
         if hooks is not None:
             hooks.remove()
     wall = time.perf_counter() - t_start

@@ -96,18 +96,20 @@ class ModelGeometry:
                              weight_bytes=ctx.weight_bytes(role)), (ctx.length, self.hidden, out))
 
     def rest_op(self, ctx: ChunkContext, last: bool, measured: bool) -> Op:
-        """Embeddings, norms, residual adds and the LM head: what no other op covers. Measured: its cost is the
-        chunk's wall time not covered by events (no FLOPs recorded); modeled: the LM head for the last token of the
-        prompt (all TTFT needs), else the norms' memory traffic."""
+        """Embeddings, norms, residual adds and the LM head: what no other op covers. The LM head projects the
+        prompt's last token only, in its last chunk (all TTFT needs; measured prefills do the same: head.py).
+        Measured: its cost is the chunk's wall time not covered by events (no FLOPs recorded); modeled: that LM
+        head in the last chunk, else the norms' memory traffic."""
         if measured:
             cost = memory_cost(0, "other")
         elif last:
             cost = dense_cost(1, self.hidden, self.vocab, dtype_bytes=ctx.dtype_bytes)
         else:
             cost = memory_cost(2 * self.hidden * ctx.dtype_bytes, "norms")
-        # shape: what the chunk's rest is made of (a measured run records no cost for it; a fitted host model
-        # prices it from these: devices/cpu_model.py)
-        return Op("other", "other", "cpu", -1, ctx.index, cost, (ctx.length, self.n_layers, self.hidden, self.vocab))
+        # shape: what the chunk's rest is made of, the LM head's rows last (a measured run records no cost for it;
+        # a fitted host model prices it from these: devices/cpu_model.py)
+        return Op("other", "other", "cpu", -1, ctx.index, cost,
+                  (ctx.length, self.n_layers, self.hidden, self.vocab, int(last)))
 
 
 __all__ = ["ModelGeometry", "n_experts_of"]

@@ -24,6 +24,7 @@ from npumoe_lab.execution.config import (ATTENTION_ROLES, PrefillConfig, check_c
 from npumoe_lab.execution.engine import dynamic_experts_cost
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.geometry import ModelGeometry
+from npumoe_lab.execution.head import FinalHidden, check_finite, chunk_logits, keep_positions
 from npumoe_lab.models import find_moe_blocks
 from npumoe_lab.execution.ops import ChunkContext, Op, chunk_scope
 from npumoe_lab.execution.timeline import schedule, summarize
@@ -88,11 +89,11 @@ def _decoder_layers(model):
 
 @dataclass
 class PrefillResult:
-    logits: torch.Tensor | None   # [1, T, V] real positions only (None with keep_logits=False)
+    logits: torch.Tensor | None   # [1, T, V] real positions only, computed untimed (None with keep_logits=False)
     past_key_values: object       # HF cache holding exactly the real tokens
     events: list                  # timeline Events (scheduled by run_prefill)
     stats: list                   # (chunk, layer, LayerStats)
-    wall_s: float                 # measured wall time of the whole prefill on this host
+    wall_s: float                 # measured wall time of the whole prefill on this host (scoring logits excluded)
     summary: dict = field(default_factory=dict)
     ops: list = field(default_factory=list)   # the clock's (Op, deps, wall) records: the timeline before pricing
 
@@ -121,6 +122,8 @@ def chunked_prefill(model, input_ids: torch.Tensor, config: PrefillConfig | int,
     Padding tokens sit after every real token (so causal attention keeps real tokens' results exact), are
     masked out of expert capacity by the executor, and are cropped from the KV cache afterwards. `clock`: a
     TimelineClock (None: untimed). `on_chunk(index)` runs after each chunk (calibration reads its routing there).
+    The timed forward projects the prompt's last position only (what the first token needs); `keep_logits`
+    computes every position's logits after each chunk's time is taken (execution/head.py).
     """
     if not isinstance(config, PrefillConfig):
         config = PrefillConfig.untimed(config)
@@ -141,12 +144,12 @@ def chunked_prefill(model, input_ids: torch.Tensor, config: PrefillConfig | int,
     hooks = _Hooks(model, geometry, clock, find_moe_blocks(model), measure_hf_experts, config.attention) \
         if timed else None
     device = next(model.parameters()).device
-    cache, logits = DynamicCache(config=model.config), None
-    t_start = time.perf_counter()
+    cache, logits, final = DynamicCache(config=model.config), None, FinalHidden(model)
+    t_start, untimed = time.perf_counter(), 0.0
     try:
         for c, s in enumerate(range(0, T, chunk)):
             ids = input_ids[:, s:s + chunk].to(device)
-            n_real = ids.shape[1]
+            n_real, last = ids.shape[1], s + chunk >= T
             pad = chunk - n_real                         # the static graphs take exactly `chunk` tokens
             if pad:
                 ids = torch.cat([ids, ids.new_full((1, pad), config.pad_token_id)], 1)
@@ -154,26 +157,30 @@ def chunked_prefill(model, input_ids: torch.Tensor, config: PrefillConfig | int,
             if hooks is not None:
                 hooks.ctx = ctx
             n_events, t_chunk = len(getattr(clock, "events", ())), time.perf_counter()
-            with chunk_scope(ctx):
-                out = model(input_ids=ids, cache=cache, use_cache=True)
+            with chunk_scope(ctx):      # the first token needs the last position's logits only (head.py)
+                out = model(input_ids=ids, cache=cache, use_cache=True,
+                            logits_to_keep=keep_positions(n_real, last, device))
             cache = out.cache
             if timed:
-                _record_rest(clock, geometry, ctx, time.perf_counter() - t_chunk, n_events, last=s + chunk >= T)
-            chunk_logits = out.logits[:, :n_real]
-            if not bool(torch.isfinite(chunk_logits.sum())) and bool(torch.isnan(chunk_logits).any()):
-                raise NpuMoeError(f"NaN in the logits of prefill chunk {c}; check the model weights/dtype")
+                _record_rest(clock, geometry, ctx, time.perf_counter() - t_chunk, n_events, last=last)
+            t_untimed = time.perf_counter()
+            check_finite(final.hidden[:, :n_real], c)
             if keep_logits:     # written into one [1, T, V] tensor: a list and its cat would hold the logits twice
+                scored = chunk_logits(model, final.hidden)[:, :n_real]
                 if logits is None:
-                    logits = chunk_logits.new_empty((1, T, chunk_logits.shape[-1]), dtype=torch.float32)
-                logits[:, s:s + n_real] = chunk_logits
+                    logits = scored.new_empty((1, T, scored.shape[-1]), dtype=torch.float32)
+                logits[:, s:s + n_real] = scored
+            final.hidden = None
+            untimed += time.perf_counter() - t_untimed
             if pad:
                 cache.crop(-pad)
             if on_chunk is not None:
                 on_chunk(c)
     finally:
+        final.remove()
         if hooks is not None:
             hooks.remove()
-    wall = time.perf_counter() - t_start
+    wall = time.perf_counter() - t_start - untimed      # the scoring logits are not part of the prefill's time
     return PrefillResult(logits, cache, getattr(clock, "events", []),
                          getattr(clock, "stats", []), wall, ops=getattr(clock, "ops", []))
 

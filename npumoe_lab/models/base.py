@@ -55,6 +55,10 @@ def _config_top_k(config) -> int:
     return int(config.num_experts_per_tok)
 
 
+def _no_divisor(config) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class Family:
     """Quirks of one HF `model_type`. Callables take the HF config (or, for reference_route, a router)."""
@@ -72,6 +76,8 @@ class Family:
     moe_layers: Callable[[object], list[int]] = _all_layers
     n_shared_experts: Callable[[object], int] = _no_shared
     top_k: Callable[[object], int] = _config_top_k
+    # what the *ForCausalLM divides its LM head's output by (None: nothing); execution/head.py applies it
+    logits_divisor: Callable[[object], float | None] = _no_divisor
 
     def __post_init__(self):
         assert self.routing in ROUTING_RULES and self.act in ACTIVATIONS, (self.routing, self.act)

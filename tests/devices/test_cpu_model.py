@@ -95,15 +95,18 @@ def test_attention_scores_priced_apart_and_grow_with_context():
     assert longer > want
 
 
-def test_chunk_rest_priced_from_its_shape():
+@pytest.mark.parametrize("shape_rows,R", [((), 128), ((0,), 0), ((1,), 1)])
+def test_chunk_rest_priced_from_its_shape(shape_rows, R):
+    """The shape's fifth entry is the LM head's rows (0: no head in this chunk); a four-entry record is from
+    before prefills projected the last token only, so every row (R = T)."""
     T, L, H, V, n_ops = 128, 4, 256, 4096, 37
-    flops = 2.0 * T * H * V
-    u = flops / (flops + TRUE["work_half_flops"]) * T / (T + TRUE["rows_half"])
+    flops = 2.0 * R * H * V
+    u = flops / (flops + TRUE["work_half_flops"]) * R / (R + TRUE["rows_half"])
     # the LM head: its compute PLUS one pass over its [V, H] weight; the norms' [T, H] traffic per layer
-    want = TRUE["other_chunk_s"] + L * TRUE["other_layer_s"] + n_ops * TRUE["other_op_s"] + \
-        flops / (TRUE["lm_head_flops"] * u) + V * H * 2 / TRUE["lm_head_bytes_s"] + \
+    head = flops / (TRUE["lm_head_flops"] * u) + V * H * 2 / TRUE["lm_head_bytes_s"] if R else 0.0
+    want = TRUE["other_chunk_s"] + L * TRUE["other_layer_s"] + n_ops * TRUE["other_op_s"] + head + \
         L * 10 * T * H * 2 / TRUE["bandwidth_bytes_s"]
-    got = cm.price(TRUE, rec("other", memory_cost(0, "other"), (T, L, H, V), {"chunk_ops": n_ops}))
+    got = cm.price(TRUE, rec("other", memory_cost(0, "other"), (T, L, H, V) + shape_rows, {"chunk_ops": n_ops}))
     assert got == pytest.approx(want, rel=1e-12)
     with pytest.raises(NpuMoeError, match="shape"):
         cm.price(TRUE, rec("other", memory_cost(0, "other"), ()))

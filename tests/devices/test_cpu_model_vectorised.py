@@ -50,9 +50,10 @@ def ref_context(op, key, default):
 def ref_price(p, op):
     kind, calls, gemm = op["kind"], op["calls"], op["gemm"]
     if kind == "other":
-        t, layers, h, v = op["shape"]
-        flops = 2.0 * t * h * v
-        t_head = flops / (p["lm_head_flops"] * ref_util(flops, t, p)) + v * h * DB / p["lm_head_bytes_s"]
+        t, layers, h, v = op["shape"][:4]
+        r = op["shape"][4] if len(op["shape"]) == 5 else t          # the LM head's rows (4 entries: every row)
+        flops = 2.0 * r * h * v
+        t_head = flops / (p["lm_head_flops"] * ref_util(flops, r, p)) + v * h * DB / p["lm_head_bytes_s"] if r else 0.0
         return (p["other_chunk_s"] + layers * p["other_layer_s"] + ref_context(op, "chunk_ops", 0) * p["other_op_s"]
                 + t_head + layers * 10 * t * h * DB / p["bandwidth_bytes_s"])
     base = calls * p[f"call_s_{kind}"]
@@ -100,8 +101,12 @@ def ref_informed(name, ops):
         return any(o["kind"] == "scatter" and ref_context(o, "parts", 0) > 0 for o in ops)
     if name == "other_op_s":
         return any(o["kind"] == "other" and ref_context(o, "chunk_ops", 0) > 0 for o in ops)
-    if name in ("other_chunk_s", "other_layer_s", "lm_head_flops", "lm_head_bytes_s"):
+    if name in ("other_chunk_s", "other_layer_s"):
         return "other" in kinds
+    if name in ("lm_head_flops", "lm_head_bytes_s"):      # the rate needs a head of more than one row
+        least = 2 if name == "lm_head_flops" else 1
+        return any(o["kind"] == "other" and (o["shape"][4] if len(o["shape"]) == 5 else o["shape"][0]) >= least
+                   for o in ops)
     if name in ("large_flops", "large_rows_half"):
         return any(o["kind"] not in ("other", "attention") and (g := ref_gemm_of(o)) is not None
                    and g[1] * g[2] >= LARGE for o in ops) or \

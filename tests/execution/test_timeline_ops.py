@@ -18,7 +18,8 @@ def test_to_frame_with_ops_adds_kind_shape_gemm():
     assert len(tl) == len(res.ops)
     assert list(tl["kind"]) == [op.kind for op, _, _ in res.ops]
     rest = tl[tl["kind"] == "other"]
-    assert len(rest) == 2 and all(json.loads(s) == [16, 2, 64, 128] for s in rest["shape"])
+    # (chunk, layers, hidden, vocab, LM-head rows): only the last chunk projects, and only its last token
+    assert [json.loads(s) for s in rest["shape"]] == [[16, 2, 64, 128, 0], [16, 2, 64, 128, 1]]
     att = tl[tl["kind"] == "attention"].iloc[0]
     assert json.loads(att["gemm"]) == [16, 4 * 16, 64] and json.loads(att["shape"]) == [16, 0]
     assert "kind" not in to_frame(res.events).columns

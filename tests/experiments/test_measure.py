@@ -52,7 +52,8 @@ def test_prefill_rows_cover_every_op_of_each_chunk_with_its_context(rows):
     for ops in per_chunk.values():
         assert {"attention", "router", "dispatch", "pack", "expert_group", "scatter", "other"} <= ops
     rest = next(r for r in static if r["work"]["op"] == "other")
-    assert rest["work"]["cost"]["shape"] == [16, 2, 64, 128]           # chunk, layers, hidden, vocab
+    # chunk, layers, hidden, vocab, LM-head rows (the first of two chunks projects none)
+    assert rest["work"]["cost"]["shape"] == [16, 2, 64, 128, 0]
     assert any(r["work"]["op"] == "experts_hf" for r in rows if "-hf-" in r["id"])
 
 
