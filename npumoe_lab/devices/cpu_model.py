@@ -31,7 +31,8 @@ kinds get more structure, each from what the engine does (engine.py, packing.py,
   the expert GEMMs) PLUS a pass over its [V, H] weight (`lm_head_bytes_s`: the GEMM packs the whole weight on every
   call, whatever R), and the norms' traffic. R, the LM head's rows, is the shape's fifth entry: 1 in a prompt's
   last chunk, 0 (no LM head) in the others, since prefills project only what the first token needs
-  (execution/head.py); a record of four entries comes from before that and projected every row (R = T).
+  (execution/head.py); a record of four entries comes from before that and projected every row (R = T). One row
+  is a GEMV, priced as the weight pass alone (so `lm_head_flops` is fitted only where some head has more rows).
 
 The context the last two need (R, the parts and the tokens of a scatter's layer, the op count of a chunk) comes
 from the op stream around the op (`annotate`); measure stores it with each row, validate-device --runs reads it
@@ -178,8 +179,8 @@ def _context(op, key, default) -> int:
 # vectorised time of all rows. price / price_many / fit all go through them (one implementation).
 RATES = ("peak_flops", "large_flops", "attention_gemm_flops", "large_attention_flops")       # rate_idx 0, 1, 2, 3
 FIELDS = ("kind_idx", "calls", "chains", "group_chains", "gather", "parts", "flops", "bytes", "rows", "rate_idx",
-          "score_flops", "t", "head_rows", "layers", "h", "v", "chunk_ops", "grouped", "small_attention_gemm", "dynamic_ops",
-          "router_elems", "dispatch_rows")
+          "score_flops", "t", "head_rows", "layers", "h", "v", "chunk_ops", "grouped", "small_attention_gemm",
+          "dynamic_ops", "router_elems", "dispatch_rows")
 
 
 def _engine_op(op) -> dict:
@@ -292,10 +293,10 @@ def _price_engine(p: dict, f: OpFeatures) -> np.ndarray:
 def _price_other(p: dict, f: OpFeatures) -> np.ndarray:
     """The chunk's rest: floors per chunk, layer and op + the LM head's compute AND weight pass (where the chunk
     has one) + the norms' traffic."""
-    flops = 2.0 * f.head_rows * f.h * f.v
-    t_head = np.where(f.head_rows > 0, flops / (p["lm_head_flops"] * _utilisation(flops, f.head_rows, p,
-                                                                                  p["rows_half"]))
-                      + f.v * f.h * DTYPE_BYTES / p["lm_head_bytes_s"], 0.0)
+    # one row is a GEMV: its time is the weight pass (the GEMM rate and row curve were read on many rows)
+    flops = np.where(f.head_rows > 1, 2.0 * f.head_rows * f.h * f.v, 0.0)
+    t_head = np.where(f.head_rows > 0, np.where(flops > 0, flops / (p["lm_head_flops"] * _utilisation(
+        flops, f.head_rows, p, p["rows_half"])), 0.0) + f.v * f.h * DTYPE_BYTES / p["lm_head_bytes_s"], 0.0)
     return (p["other_chunk_s"] + f.layers * p["other_layer_s"] + f.chunk_ops * p["other_op_s"]
             + t_head + f.layers * 10 * f.t * f.h * DTYPE_BYTES / p["bandwidth_bytes_s"])
 

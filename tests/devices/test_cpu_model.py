@@ -102,8 +102,9 @@ def test_chunk_rest_priced_from_its_shape(shape_rows, R):
     T, L, H, V, n_ops = 128, 4, 256, 4096, 37
     flops = 2.0 * R * H * V
     u = flops / (flops + TRUE["work_half_flops"]) * R / (R + TRUE["rows_half"])
-    # the LM head: its compute PLUS one pass over its [V, H] weight; the norms' [T, H] traffic per layer
-    head = flops / (TRUE["lm_head_flops"] * u) + V * H * 2 / TRUE["lm_head_bytes_s"] if R else 0.0
+    # the LM head: its compute PLUS one pass over its [V, H] weight (one row, a GEMV: the pass alone); the norms'
+    # [T, H] traffic per layer
+    head = (flops / (TRUE["lm_head_flops"] * u) if R > 1 else 0.0) + V * H * 2 / TRUE["lm_head_bytes_s"] if R else 0.0
     want = TRUE["other_chunk_s"] + L * TRUE["other_layer_s"] + n_ops * TRUE["other_op_s"] + head + \
         L * 10 * T * H * 2 / TRUE["bandwidth_bytes_s"]
     got = cm.price(TRUE, rec("other", memory_cost(0, "other"), (T, L, H, V) + shape_rows, {"chunk_ops": n_ops}))

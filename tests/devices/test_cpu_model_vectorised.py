@@ -53,7 +53,8 @@ def ref_price(p, op):
         t, layers, h, v = op["shape"][:4]
         r = op["shape"][4] if len(op["shape"]) == 5 else t          # the LM head's rows (4 entries: every row)
         flops = 2.0 * r * h * v
-        t_head = flops / (p["lm_head_flops"] * ref_util(flops, r, p)) + v * h * DB / p["lm_head_bytes_s"] if r else 0.0
+        gemm = flops / (p["lm_head_flops"] * ref_util(flops, r, p)) if r > 1 else 0.0     # one row: a GEMV, the pass
+        t_head = gemm + v * h * DB / p["lm_head_bytes_s"] if r else 0.0
         return (p["other_chunk_s"] + layers * p["other_layer_s"] + ref_context(op, "chunk_ops", 0) * p["other_op_s"]
                 + t_head + layers * 10 * t * h * DB / p["bandwidth_bytes_s"])
     base = calls * p[f"call_s_{kind}"]
