@@ -20,6 +20,7 @@ from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.decode_policy import check_decode, decode_layout, step_context
 from npumoe_lab.execution.experts import set_executor
 from npumoe_lab.execution.geometry import ModelGeometry
+from npumoe_lab.execution.head import keep_positions
 from npumoe_lab.execution.ops import chunk_scope
 from npumoe_lab.execution.runtime import (PrefillConfig, _Hooks, _record_rest, attached_layout, check_context,
                                           drop_pad_rates)
@@ -51,10 +52,11 @@ def _decode_executor(model, policy: str, rows: int):
 
 
 def _step_forward(model, token, cache, length: int, pad_token_id: int):
-    """One decode step: `token` [1, 1], padded after to `length` (pads cropped from the cache); logits [1, V]."""
+    """One decode step: `token` [1, 1], padded after to `length` (pads cropped from the cache); logits [1, V]
+    of the token alone (the padded rows are never projected: head.py)."""
     pad = length - token.shape[1]
     ids = torch.cat([token, token.new_full((1, pad), pad_token_id)], 1) if pad else token
-    out = model(input_ids=ids, cache=cache, use_cache=True)
+    out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=keep_positions(1, True, ids.device))
     cache = out.cache
     if pad:
         cache.crop(-pad)

@@ -60,3 +60,20 @@ def test_model_without_a_separate_head_is_refused():
     model = tiny_model("qwen3_moe")
     with pytest.raises(NpuMoeError, match="no separate decoder and LM head"):
         head.FinalHidden(model.model)
+
+
+def test_decode_steps_project_their_token_only():
+    """A pipeline decode step runs the prefill's static chunk (the token padded to it): one row projected, as the
+    step's rest op records, not the padded chunk."""
+    from npumoe_lab.execution.decode import run_decode
+    model = tiny_model("qwen3_moe")
+    config = PrefillConfig(get_platform("cpu"), 16, attention="cpu")
+    res = run_prefill(model, torch.arange(3, 23).view(1, -1), config)
+    rows = []
+    hook = model.lm_head.register_forward_hook(lambda m, a, out: rows.append(a[0].shape[1]))
+    try:
+        d = run_decode(model, res, config, 3, "pipeline")
+    finally:
+        hook.remove()
+    assert rows == [1, 1, 1]
+    assert [op.shape[-1] for op, _, _ in d.ops if op.kind == "other"] == [1, 1, 1]
