@@ -109,8 +109,10 @@ def batched_prefill(model, input_ids: torch.Tensor, config: PrefillConfig, keep_
                 for clk, sub in zip(clocks, ctx.sequences()):
                     _record_rest(clk, geometry, sub, 0.0, len(clk.events), last=last)
             check_finite(final.hidden[:, :n_real], c)
+            check_finite(out.logits, c, "logits")       # the last token's, in the last chunk (else empty)
             if keep_logits:
                 logits.append(chunk_logits(model, final.hidden)[:, :n_real].float())
+                check_finite(logits[-1], c, "logits")
             final.hidden = None
             if pad:
                 cache.crop(-pad)

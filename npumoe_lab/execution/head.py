@@ -48,10 +48,10 @@ def chunk_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     return logits / divisor if divisor is not None else logits
 
 
-def check_finite(hidden: torch.Tensor, c: int) -> None:
-    """One clear error where a chunk's hidden states hold a NaN (whatever projection follows would too)."""
-    if not bool(torch.isfinite(hidden.sum())) and bool(torch.isnan(hidden).any()):
-        raise NpuMoeError(f"NaN in the hidden states of prefill chunk {c}; check the model weights/dtype")
+def check_finite(x: torch.Tensor, c: int, what: str = "hidden states") -> None:
+    """One clear error where a chunk's hidden states (or its scoring logits) hold a NaN."""
+    if not bool(torch.isfinite(x.sum())) and bool(torch.isnan(x).any()):
+        raise NpuMoeError(f"NaN in the {what} of prefill chunk {c}; check the model weights/dtype")
 
 
 __all__ = ["FinalHidden", "keep_positions", "chunk_logits", "check_finite"]

@@ -165,8 +165,10 @@ def chunked_prefill(model, input_ids: torch.Tensor, config: PrefillConfig | int,
                 _record_rest(clock, geometry, ctx, time.perf_counter() - t_chunk, n_events, last=last)
             t_untimed = time.perf_counter()
             check_finite(final.hidden[:, :n_real], c)
+            check_finite(out.logits, c, "logits")       # the last token's, in the last chunk (else empty)
             if keep_logits:     # written into one [1, T, V] tensor: a list and its cat would hold the logits twice
                 scored = chunk_logits(model, final.hidden)[:, :n_real]
+                check_finite(scored, c, "logits")
                 if logits is None:
                     logits = scored.new_empty((1, T, scored.shape[-1]), dtype=torch.float32)
                 logits[:, s:s + n_real] = scored

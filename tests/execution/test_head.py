@@ -77,3 +77,15 @@ def test_decode_steps_project_their_token_only():
         hook.remove()
     assert rows == [1, 1, 1]
     assert [op.shape[-1] for op, _, _ in d.ops if op.kind == "other"] == [1, 1, 1]
+
+
+def test_nan_in_the_lm_head_is_one_clear_error():
+    """A NaN that only the LM head makes (its weight) still stops the prefill where the logits are computed."""
+    model = tiny_model("qwen3_moe")
+    with torch.no_grad():
+        model.lm_head.weight[5, 3] = float("nan")
+    ids = torch.arange(3, 43).view(1, -1)
+    with pytest.raises(NpuMoeError, match="NaN in the logits of prefill chunk 0"):
+        chunked_prefill(model, ids, 16)
+    with pytest.raises(NpuMoeError, match="NaN in the logits of prefill chunk 2"):  # the last token's projection
+        chunked_prefill(model, ids, 16, keep_logits=False)
