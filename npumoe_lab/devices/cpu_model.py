@@ -71,6 +71,11 @@ priced the Qwen3-30B-A3B geometry's attention rows 18-21 % too fast and its expe
 host's rows: bf16 fit median |error| 9.7 -> 8.1 %, cross-validated whole-prefill sigma_log 0.123 -> 0.104; fp32
 5.8 -> 5.2 %, 0.131 -> 0.060; the residual RMS of the tiny geometry's dynamic experts 0.37 -> 0.11, router 0.37 ->
 0.09, dispatch 0.23 -> 0.12 (docs/CPU_LOOP.md).
+
+Changed 2026-12-07 night (AFTER reading held-out per-op tables, where the chunk's rest was 30-50 % of a Qwen3-geometry
+run: said here and in docs/CPU_LOOP.md, every seed registered before it spent, judged on the development draw and
+fresh seeds): (8) prefills project only the prompt's last token (execution/head.py), so the rest prices the LM
+head's recorded rows (0 or 1; four-entry records: every row) and one row as a GEMV, its weight pass alone.
 """
 from __future__ import annotations
 

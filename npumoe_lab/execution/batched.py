@@ -24,7 +24,7 @@ from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.clock import NullClock
 from npumoe_lab.execution.config import PrefillConfig, check_context
 from npumoe_lab.execution.geometry import ModelGeometry
-from npumoe_lab.execution.head import FinalHidden, check_finite, chunk_logits, keep_positions
+from npumoe_lab.execution.head import FinalHidden, keep_positions
 from npumoe_lab.execution.ops import BatchChunkContext, chunk_scope
 from npumoe_lab.execution.runtime import PrefillResult, _Hooks, _record_rest, attached_layout, finish
 from npumoe_lab.models import find_moe_blocks
@@ -108,12 +108,9 @@ def batched_prefill(model, input_ids: torch.Tensor, config: PrefillConfig, keep_
             if timed:
                 for clk, sub in zip(clocks, ctx.sequences()):
                     _record_rest(clk, geometry, sub, 0.0, len(clk.events), last=last)
-            check_finite(final.hidden[:, :n_real], c)
-            check_finite(out.logits, c, "logits")       # the last token's, in the last chunk (else empty)
-            if keep_logits:
-                logits.append(chunk_logits(model, final.hidden)[:, :n_real].float())
-                check_finite(logits[-1], c, "logits")
-            final.hidden = None
+            scored = final.scoring_logits(model, out, c, n_real, keep_logits)
+            if scored is not None:
+                logits.append(scored.float())
             if pad:
                 cache.crop(-pad)
     finally:

@@ -30,6 +30,18 @@ class FinalHidden:
     def _keep(self, module, args, output):
         self.hidden = output[0] if isinstance(output, tuple) else output.last_hidden_state
 
+    def scoring_logits(self, model, out, c: int, n_real: int, keep: bool):
+        """After a chunk's forward `out` (its time taken): one clear error on a NaN in its hidden states or its
+        kept logits, then every real position's logits [B, n_real, V] where `keep`, else None."""
+        check_finite(self.hidden[:, :n_real], c)
+        check_finite(out.logits, c, "logits")       # the last token's, in the last chunk (else empty)
+        scored = None
+        if keep:
+            scored = chunk_logits(model, self.hidden)[:, :n_real]
+            check_finite(scored, c, "logits")
+        self.hidden = None
+        return scored
+
     def remove(self) -> None:
         self._handle.remove()
 

@@ -24,7 +24,7 @@ from npumoe_lab.execution.config import (ATTENTION_ROLES, PrefillConfig, check_c
 from npumoe_lab.execution.engine import dynamic_experts_cost
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution.geometry import ModelGeometry
-from npumoe_lab.execution.head import FinalHidden, check_finite, chunk_logits, keep_positions
+from npumoe_lab.execution.head import FinalHidden, keep_positions
 from npumoe_lab.models import find_moe_blocks
 from npumoe_lab.execution.ops import ChunkContext, Op, chunk_scope
 from npumoe_lab.execution.timeline import schedule, summarize
@@ -164,15 +164,11 @@ def chunked_prefill(model, input_ids: torch.Tensor, config: PrefillConfig | int,
             if timed:
                 _record_rest(clock, geometry, ctx, time.perf_counter() - t_chunk, n_events, last=last)
             t_untimed = time.perf_counter()
-            check_finite(final.hidden[:, :n_real], c)
-            check_finite(out.logits, c, "logits")       # the last token's, in the last chunk (else empty)
-            if keep_logits:     # written into one [1, T, V] tensor: a list and its cat would hold the logits twice
-                scored = chunk_logits(model, final.hidden)[:, :n_real]
-                check_finite(scored, c, "logits")
+            scored = final.scoring_logits(model, out, c, n_real, keep_logits)
+            if scored is not None:  # written into one [1, T, V] tensor: a list and its cat would hold the logits twice
                 if logits is None:
                     logits = scored.new_empty((1, T, scored.shape[-1]), dtype=torch.float32)
                 logits[:, s:s + n_real] = scored
-            final.hidden = None
             untimed += time.perf_counter() - t_untimed
             if pad:
                 cache.crop(-pad)

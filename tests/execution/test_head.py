@@ -42,15 +42,16 @@ def test_timed_forward_projects_the_last_token_only():
 def test_scoring_logits_are_not_timed(monkeypatch):
     """A slow scoring projection (0.3 s a chunk, injected) enters neither the measured TTFT nor the host wall."""
     model = tiny_model("qwen3_moe")
-    slow = head.chunk_logits
+    slow, calls = head.chunk_logits, []
 
     def delayed(m, hidden):
+        calls.append(hidden.shape[1])
         time.sleep(0.3)
         return slow(m, hidden)
 
-    monkeypatch.setattr("npumoe_lab.execution.runtime.chunk_logits", delayed)
+    monkeypatch.setattr(head, "chunk_logits", delayed)
     res = run_prefill(model, torch.arange(3, 35).view(1, -1), PrefillConfig(get_platform("cpu"), 16, attention="cpu"))
-    assert res.logits.shape == (1, 32, 128)
+    assert res.logits.shape == (1, 32, 128) and calls == [16, 16]     # the slow projection did run, per chunk
     assert res.summary["ttft_s"] < 0.3 and res.summary["host_wall_s"] < 0.3
     rest = [op for op, _, _ in res.ops if op.kind == "other"]
     assert [op.shape[-1] for op in rest] == [0, 1]
