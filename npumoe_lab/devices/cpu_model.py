@@ -8,6 +8,7 @@ the engine records (ops.Op: kind, FLOPs, bytes, calls, GEMM shape, shape) with f
 
     t(op)    = calls * call_s[kind] + t_elements + max(t_gemm, t_memory) + t_scores
     t_elements = T * E * router_elem_s (router) | T * K * dispatch_row_s (dispatch) | op_s_experts_dynamic (dynamic)
+                 | hits * T * K * hf_scan_s (HF's experts: each expert hit scans the [K, T] assignment mask)
     t_gemm   = gemm_flops / (rate * u),   u = w / (w + work_half_flops) * rows / (rows + rows_half)
     t_memory = bytes / bandwidth_bytes_s
     t_scores = 4 * t * keys * q_dim / attention_flops            (attention only: the [t, keys] score blocks)
@@ -76,6 +77,16 @@ Changed 2026-12-07 night (AFTER reading held-out per-op tables, where the chunk'
 run: said here and in docs/CPU_LOOP.md, every seed registered before it spent, judged on the development draw and
 fresh seeds): (8) prefills project only the prompt's last token (execution/head.py), so the rest prices the LM
 head's recorded rows (0 or 1; four-entry records: every row) and one row as a GEMV, its weight pass alone.
+
+Changed 2026-12-08 (on fit-row residuals only: the fit rows of the spent draws 31 and 32 and of the development
+draw of 2026-12-07, no held-out error read for it; judged on the development draw and a fresh seed): (9) HF's
+experts op pays `hf_scan_s` per element of the assignment mask its experts scan: HF's eager loop (transformers v5
+`*Experts.forward`) runs `torch.where(expert_mask[e])` over the whole [K, T] mask for every expert hit, then a
+gather and an index-add of its rows. Without it the bundled geometry's bf16 HF experts fit rows ran from
+log(modeled / measured) -0.02 to +0.19 at chunk 32 to -0.37 to -0.56 at chunk 512 (medians per draw); with it
+chunk 512 reads -0.13 to +0.03 and the op kind's RMS 0.24-0.25 -> 0.10-0.21 (the Qwen3-30B-A3B geometry's
+0.13-0.29 -> 0.06-0.26). In fp32 the fits give the term little weight and the RMS barely moves but on one draw
+(0.22 -> 0.13). Per draw in docs/CPU_LOOP.md.
 """
 from __future__ import annotations
 
@@ -90,7 +101,7 @@ from npumoe_lab.errors import NpuMoeError
 CALL_KINDS = ("attention", "router", "shared_experts", "experts_hf", "dispatch", "pack", "expert_group",
               "experts_dynamic", "scatter")
 EXTRA_FLOORS = ("call_s_group_expert", "call_s_gather", "call_s_scatter_part", "other_op_s", "op_s_experts_dynamic",
-                "router_elem_s", "dispatch_row_s")
+                "router_elem_s", "dispatch_row_s", "hf_scan_s")
 RATE_PARAMS = ("peak_flops", "work_half_flops", "rows_half", "large_flops", "large_rows_half", "bandwidth_bytes_s",
                "attention_flops", "attention_gemm_flops", "large_attention_flops", "lm_head_flops", "lm_head_bytes_s",
                "other_chunk_s", "other_layer_s")
@@ -98,8 +109,8 @@ PARAMS = tuple(f"call_s_{k}" for k in CALL_KINDS) + EXTRA_FLOORS + RATE_PARAMS
 # starting point of a fit (and the prior scale): orders of magnitude of a 2-core x86 VM under torch
 START = {**{f"call_s_{k}": 3e-5 for k in CALL_KINDS}, "call_s_group_expert": 5e-6, "call_s_gather": 3e-5,
          "call_s_scatter_part": 1e-5, "other_op_s": 1e-5, "op_s_experts_dynamic": 1e-4, "router_elem_s": 1e-8,
-         "dispatch_row_s": 1e-7, "peak_flops": 3e11, "work_half_flops": 1e7, "rows_half": 8.0, "large_flops": 3e11,
-         "large_rows_half": 8.0, "bandwidth_bytes_s": 1e10, "attention_flops": 1e11, "attention_gemm_flops": 3e11,
+         "dispatch_row_s": 1e-7, "hf_scan_s": 1e-9, "peak_flops": 3e11, "work_half_flops": 1e7, "rows_half": 8.0,
+         "large_flops": 3e11, "large_rows_half": 8.0, "bandwidth_bytes_s": 1e10, "attention_flops": 1e11, "attention_gemm_flops": 3e11,
          "large_attention_flops": 3e11, "lm_head_flops": 3e11, "lm_head_bytes_s": 3e9, "other_chunk_s": 3e-4,
          "other_layer_s": 5e-5}
 UNITS = {"peak_flops": "FLOP/s", "work_half_flops": "FLOP", "rows_half": "rows", "large_flops": "FLOP/s",
@@ -164,7 +175,8 @@ def _gemm_of(op) -> tuple | None:
     """The op's GEMM (rows, N, K). A dynamic or HF experts op records none (execution/engine.py
     dynamic_experts_cost: n experts at their loads, bytes = n x 3 H I + 2 loads H elements): one expert's [H, I]
     is then read off its bytes and its mean rows off its FLOPs (6 rows H I per expert), so the Qwen3-30B-A3B
-    experts price at the large GEMMs' rate and the utilisation of their real rows."""
+    experts price at the large GEMMs' rate and the utilisation of their real rows. (The activations' bytes count
+    into that [H, I]: the rows read off are a little low, ~15 % on the bundled geometry at 32 rows an expert.)"""
     if op["gemm"] is not None or op["kind"] not in ("experts_dynamic", "experts_hf") or not op["bytes"]:
         return op["gemm"]
     calls = max(op["calls"], 1)
@@ -185,7 +197,7 @@ def _context(op, key, default) -> int:
 RATES = ("peak_flops", "large_flops", "attention_gemm_flops", "large_attention_flops")       # rate_idx 0, 1, 2, 3
 FIELDS = ("kind_idx", "calls", "chains", "group_chains", "gather", "parts", "flops", "bytes", "rows", "rate_idx",
           "score_flops", "t", "head_rows", "layers", "h", "v", "chunk_ops", "grouped", "small_attention_gemm",
-          "dynamic_ops", "router_elems", "dispatch_rows")
+          "dynamic_ops", "router_elems", "dispatch_rows", "hf_scan")
 
 
 def _engine_op(op) -> dict:
@@ -201,6 +213,9 @@ def _engine_op(op) -> dict:
     calls = max(calls, 1)
     gemm = _gemm_of(op)
     rows = 1 if gemm is None else gemm[0]
+    if kind == "experts_hf" and gemm is not None:
+        # HF's eager loop scans the whole [K, T] assignment mask once per expert it hits (torch.where): hits x T*K
+        f["hf_scan"] = calls * (gemm[0] if op["gemm"] is not None else gemm[0] * calls)
     flops, nbytes, score_flops, chains, rate = op["flops"], op["bytes"], 0.0, calls, 0
     large = gemm is not None and gemm[1] * gemm[2] >= LARGE_GEMM_ELEMS
     if kind == "attention":
@@ -287,7 +302,7 @@ def _price_engine(p: dict, f: OpFeatures) -> np.ndarray:
     base = (f.calls * call_s + f.group_chains * p["call_s_group_expert"]
             + (f.gather * p["call_s_gather"] + f.parts * p["call_s_scatter_part"])
             + f.dynamic_ops * p["op_s_experts_dynamic"] + f.router_elems * p["router_elem_s"]
-            + f.dispatch_rows * p["dispatch_row_s"])
+            + f.dispatch_rows * p["dispatch_row_s"] + f.hf_scan * p["hf_scan_s"])
     rate = np.array([p[r] for r in RATES])[f.rate_idx]
     half = np.where(f.rate_idx % 2 == 1, p["large_rows_half"], p["rows_half"])      # rates 1 and 3: large GEMMs
     u = _utilisation(f.flops / f.chains, f.rows, p, half)
@@ -371,6 +386,8 @@ def _informed(name: str, ops) -> bool:
         return bool((f.router_elems > 0).any())
     if name == "dispatch_row_s":
         return bool((f.dispatch_rows > 0).any())
+    if name == "hf_scan_s":
+        return bool((f.hf_scan > 0).any())
     if name == "other_op_s":
         return bool(((f.kind_idx < 0) & (f.chunk_ops > 0)).any())
     if name in ("other_chunk_s", "other_layer_s"):

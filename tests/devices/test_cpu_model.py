@@ -17,7 +17,7 @@ TRUE = {**{f"call_s_{k}": v for k, v in zip(cm.CALL_KINDS, (4e-4, 6e-5, 5e-5, 2e
         "large_rows_half": 20.0, "bandwidth_bytes_s": 1.5e10, "attention_flops": 8.0e10, "attention_gemm_flops": 5.0e11,
         "lm_head_flops": 6.0e11, "lm_head_bytes_s": 4.0e9, "other_chunk_s": 5e-4, "other_layer_s": 8e-5,
         "op_s_experts_dynamic": 3e-4, "router_elem_s": 1.2e-8, "dispatch_row_s": 1.5e-7,
-        "large_attention_flops": 1.5e12}
+        "hf_scan_s": 2.5e-9, "large_attention_flops": 1.5e12}
 
 
 def rec(kind, cost, shape=(), context=None):
@@ -129,6 +129,33 @@ def test_dynamic_experts_without_a_gemm_are_priced_per_expert_from_their_cost(H,
         max(cost.flops / (TRUE[rate] * u), cost.bytes / TRUE["bandwidth_bytes_s"])
     got = cm.price(TRUE, cm.op_record("experts_dynamic", cost.flops, cost.bytes, cost.calls, None))
     assert got == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.parametrize("H,I,rate,half", [(256, 128, "peak_flops", "rows_half"),
+                                            (2048, 768, "large_flops", "large_rows_half")])
+def test_hf_experts_pay_a_scan_of_the_assignment_mask_per_expert_hit(H, I, rate, half):
+    """HF's eager loop runs torch.where over the whole [K, T] mask for every expert it hits: hits x T*K elements
+    at hf_scan_s, on top of the per-expert floor and the GEMMs (no dynamic op's floor: that is the engine's)."""
+    T, K = 64, 2
+    idx = torch.stack([torch.arange(T) % 8, (torch.arange(T) + 3) % 8], 1)     # 8 experts hit, 16 rows each
+    cost = dynamic_experts_cost(idx, torch.ones_like(idx, dtype=torch.bool), H, I, 2)
+    assert cost.calls == 8
+    hi = cost.bytes / (8 * 3 * 2)
+    rows, w = cost.flops / (6 * hi * 8), 6.0 * 16 * H * I
+    u = w / (w + TRUE["work_half_flops"]) * rows / (rows + TRUE[half])
+    gemm = max(cost.flops / (TRUE[rate] * u), cost.bytes / TRUE["bandwidth_bytes_s"])
+    scanned = 8 * rows * 8                      # hits x the assignments read off the cost (a little below T * K)
+    assert scanned == pytest.approx(8 * T * K, rel=0.2)
+    want = 8 * TRUE["call_s_experts_hf"] + scanned * TRUE["hf_scan_s"] + gemm
+    got = cm.price(TRUE, cm.op_record("experts_hf", cost.flops, cost.bytes, cost.calls, None))
+    assert got == pytest.approx(want, rel=1e-9)
+    # a record with its GEMM (the simulation's streams: rows = every assignment) scans exactly hits x T * K
+    sim = cm.op_record("experts_hf", cost.flops, cost.bytes, 8, (T * K, I, H))
+    assert cm.price(TRUE, sim) - cm.price({**TRUE, "hf_scan_s": 0.0}, sim) == pytest.approx(
+        8 * T * K * TRUE["hf_scan_s"], rel=1e-9)
+    # the engine's own dynamic experts do not scan a mask
+    dyn = cm.op_record("experts_dynamic", cost.flops, cost.bytes, cost.calls, None)
+    assert cm.price(TRUE, dyn) == cm.price({**TRUE, "hf_scan_s": 1.0}, dyn)
 
 
 def test_router_and_dispatch_grow_with_their_elements():

@@ -72,6 +72,9 @@ def ref_price(p, op):
         base += op["shape"][0] * op["shape"][2] * p["router_elem_s"]
     if kind == "dispatch" and op["shape"]:
         base += op["shape"][0] * p["dispatch_row_s"]
+    if kind == "experts_hf" and gemm is not None:     # each expert hit scans all T * K assignments
+        assignments = gemm[0] if op["gemm"] is not None else gemm[0] * calls
+        base += calls * assignments * p["hf_scan_s"]
     if kind in ("experts_dynamic", "experts_hf") and op["gemm"] is not None:
         rows = rows / calls
     elif kind == "expert_group" and len(op["shape"]) == 4:
@@ -121,6 +124,8 @@ def ref_informed(name, ops):
         return any(o["kind"] == "router" and len(o["shape"]) == 3 for o in ops)
     if name == "dispatch_row_s":
         return any(o["kind"] == "dispatch" and o["shape"] for o in ops)
+    if name == "hf_scan_s":
+        return any(o["kind"] == "experts_hf" and ref_gemm_of(o) is not None for o in ops)
     if name == "attention_flops":
         return "attention" in kinds
     if name == "attention_gemm_flops":
