@@ -78,15 +78,15 @@ run: said here and in docs/CPU_LOOP.md, every seed registered before it spent, j
 fresh seeds): (8) prefills project only the prompt's last token (execution/head.py), so the rest prices the LM
 head's recorded rows (0 or 1; four-entry records: every row) and one row as a GEMV, its weight pass alone.
 
-Changed 2026-12-08 (on fit-row residuals only: the fit rows of the spent draws 31 and 32 and of the development
-draw of 2026-12-07, no held-out error read for it; judged on the development draw and a fresh seed): (9) HF's
-experts op pays `hf_scan_s` per element of the assignment mask its experts scan: HF's eager loop (transformers v5
-`*Experts.forward`) runs `torch.where(expert_mask[e])` over the whole [K, T] mask for every expert hit, then a
-gather and an index-add of its rows. Without it the bundled geometry's bf16 HF experts fit rows ran from
-log(modeled / measured) -0.02 to +0.19 at chunk 32 to -0.37 to -0.56 at chunk 512 (medians per draw); with it
-chunk 512 reads -0.13 to +0.03 and the op kind's RMS 0.24-0.25 -> 0.10-0.21 (the Qwen3-30B-A3B geometry's
-0.13-0.29 -> 0.06-0.26). In fp32 the fits give the term little weight and the RMS barely moves but on one draw
-(0.22 -> 0.13). Per draw in docs/CPU_LOOP.md.
+Changed 2026-12-07 late night (on fit-row residuals only: the fit rows of the spent draws 31 and 32 and of the
+development draw of 2026-12-07, no held-out error read for it; judged on the development draw and a fresh seed): (9)
+HF's experts op pays `hf_scan_s` per element of the assignment mask its experts scan: HF's eager loop (transformers v5
+`*Experts.forward`) runs `torch.where(expert_mask[e])` over the whole [K, T] mask for every expert hit, then a gather
+and an index-add of its rows. Without it the bundled geometry's bf16 HF experts fit rows ran from log(modeled /
+measured) -0.02 to +0.19 at chunk 32 to -0.37 to -0.56 at chunk 512 (medians per draw); with it chunk 512 reads -0.13
+to +0.03 and the op kind's RMS 0.24-0.25 -> 0.10-0.21 (the Qwen3-30B-A3B geometry's 0.13-0.29 -> 0.06-0.26). In fp32
+the fits give the term little weight and the RMS barely moves but on one draw (0.22 -> 0.13). Per draw in
+docs/CPU_LOOP.md.
 """
 from __future__ import annotations
 
@@ -110,9 +110,9 @@ PARAMS = tuple(f"call_s_{k}" for k in CALL_KINDS) + EXTRA_FLOORS + RATE_PARAMS
 START = {**{f"call_s_{k}": 3e-5 for k in CALL_KINDS}, "call_s_group_expert": 5e-6, "call_s_gather": 3e-5,
          "call_s_scatter_part": 1e-5, "other_op_s": 1e-5, "op_s_experts_dynamic": 1e-4, "router_elem_s": 1e-8,
          "dispatch_row_s": 1e-7, "hf_scan_s": 1e-9, "peak_flops": 3e11, "work_half_flops": 1e7, "rows_half": 8.0,
-         "large_flops": 3e11, "large_rows_half": 8.0, "bandwidth_bytes_s": 1e10, "attention_flops": 1e11, "attention_gemm_flops": 3e11,
-         "large_attention_flops": 3e11, "lm_head_flops": 3e11, "lm_head_bytes_s": 3e9, "other_chunk_s": 3e-4,
-         "other_layer_s": 5e-5}
+         "large_flops": 3e11, "large_rows_half": 8.0, "bandwidth_bytes_s": 1e10, "attention_flops": 1e11,
+         "attention_gemm_flops": 3e11, "large_attention_flops": 3e11, "lm_head_flops": 3e11, "lm_head_bytes_s": 3e9,
+         "other_chunk_s": 3e-4, "other_layer_s": 5e-5}
 UNITS = {"peak_flops": "FLOP/s", "work_half_flops": "FLOP", "rows_half": "rows", "large_flops": "FLOP/s",
          "large_rows_half": "rows", "bandwidth_bytes_s": "B/s", "attention_flops": "FLOP/s",
          "attention_gemm_flops": "FLOP/s", "large_attention_flops": "FLOP/s", "lm_head_flops": "FLOP/s",
