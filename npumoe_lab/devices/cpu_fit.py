@@ -50,9 +50,19 @@ def host_rows(df, source: str = ""):
     return host
 
 
+# A free parameter whose term is below this share of EVERY fit row's price has a zero Jacobian column: the rows bound
+# it from above only (the least squares drive it toward 0, where the residuals no longer depend on it), so J^T J
+# says nothing of it. pinv would give it zero variance (an interval of zero width, read as "pinned exactly"); it
+# gets the unidentified parameters' clipped interval instead, and a flag.
+NEGLIGIBLE_SHARE = 1e-6
+CLIP_LOG = 20.0             # an unidentified parameter's 90 % interval: its point x e^+-20
+
+
 def _covariance(ops, y, res) -> np.ndarray:
     """Covariance of the free log-parameters from J^T J (sigma^2 = residual variance): the Laplace (Gauss-Newton)
-    approximation of the fit's posterior, stated so (the Apple fits sample theirs with emcee)."""
+    approximation of the fit's posterior, stated so (the Apple fits sample theirs with emcee). Parameters whose
+    Jacobian column is negligible on every row (NEGLIGIBLE_SHARE) are left out of J^T J and get the clipped
+    variance, uncorrelated; they are listed in res["negligible"]."""
     ops = cpu_model.features(ops)          # once, not per Jacobian column
     p, free = res["params"], res["free"]
     x = np.array([math.log(p[k]) for k in free])
@@ -67,13 +77,32 @@ def _covariance(ops, y, res) -> np.ndarray:
         d[j] = 1e-4
         J[:, j] = (resid(x + d) - r0) / 1e-4
     dof = max(len(y) - len(free), 1)
-    return np.linalg.pinv(J.T @ J) * float(r0 @ r0) / dof
+    live = np.max(np.abs(J), axis=0, initial=0.0) >= NEGLIGIBLE_SHARE
+    cov = np.zeros((len(free), len(free)))
+    cov[np.ix_(live, live)] = np.linalg.pinv(J[:, live].T @ J[:, live]) * float(r0 @ r0) / dof
+    cov[~live, ~live] = (CLIP_LOG / 1.645) ** 2
+    res["negligible"] = [k for k, ok in zip(free, live) if not ok]
+    return cov
 
 
 def _intervals(res, cov) -> dict:
     """90 % intervals of the free parameters; an unidentified one (rows do not pin it) is clipped at e^+-20."""
-    half = np.minimum(1.645 * np.sqrt(np.clip(np.diag(cov), 0, None)), 20.0)
+    half = np.minimum(1.645 * np.sqrt(np.clip(np.diag(cov), 0, None)), CLIP_LOG)
     return {k: (res["params"][k] * math.exp(-h), res["params"][k] * math.exp(h)) for k, h in zip(res["free"], half)}
+
+
+def parameter_flags(res) -> dict:
+    """{param: flag} of the fitted parameters a reader must not take at face value: driven toward zero (its term is
+    negligible on every row: the rows bound it from above only), or not identified (its 90 % interval clipped)."""
+    out = {}
+    for k in res["free"]:
+        lo, hi = res["intervals"][k]
+        if k in res.get("negligible", ()):
+            out[k] = (f"driven toward zero: its term is below {NEGLIGIBLE_SHARE:g} of every fit row's price, so the "
+                      "rows bound it from above only (the op kind's cost is in its other terms)")
+        elif math.log(hi / lo) >= 2 * CLIP_LOG * (1 - 1e-9):
+            out[k] = "not identified by the rows (its 90 % interval is clipped at x e^+-20)"
+    return out
 
 
 def prefill_group(row) -> str | None:
@@ -247,6 +276,7 @@ def fit_host(df, source: str = "", include_busy: bool = False, dtype: str | None
     res = cpu_model.fit(ops, y)
     cov = _covariance(ops, y, res)
     res["intervals"] = _intervals(res, cov)
+    res["flags"] = parameter_flags(res)
     res["cov_log"] = cov
     res["cv"] = cross_validated_sigma(ops, y, [prefill_group(r) for r in recs], res) if cv else \
         {"sigma_log": float("nan"), "n_prefills": 0, "folds": [], "median_abs_err": float("nan")}
@@ -284,10 +314,12 @@ def _model_section(res: dict, src: str) -> dict:
     for k in cpu_model.PARAMS:
         fitted = k in res["free"]
         lo, hi = iv.get(k, (None, None))
+        flag = (res.get("flags") or {}).get(k)
         model[k] = {"value": float(p[k]), "unit": cpu_model.UNITS.get(k, "s"),
                     "source": src if fitted else "not fitted: no row informs it (start value of cpu_model.START)",
-                    "confidence": ("M" if hi / lo < 2 else "L") if fitted else "L",
-                    "note": (f"90 % interval {lo:.3g} .. {hi:.3g} (Gauss-Newton, log scale)" if fitted
+                    "confidence": ("M" if hi / lo < 2 and not flag else "L") if fitted else "L",
+                    "note": (f"90 % interval {lo:.3g} .. {hi:.3g} (Gauss-Newton, log scale)"
+                             + (f"; FLAG: {flag}" if flag else "") if fitted
                              else "priced at its start value; add rows of this op kind to fit it"),
                     **({"interval90": [float(lo), float(hi)]} if fitted else {})}
     return model
@@ -298,6 +330,8 @@ def _fit_summary(res: dict, measurements: str, stamp: str) -> dict:
     return {"measurements": str(measurements), "dtype": res["dtype"], "rows_used": len(res["rows_used"]),
             "host_busy_skipped": res["n_busy_skipped"], "host_busy_used": res["n_busy_used"],
             "free_parameters": list(res["free"]),
+            # parameters a reader must not take at face value (parameter_flags): {name: why}
+            "parameter_flags": dict(res.get("flags") or {}),
             "fit_median_abs_err": res["median_abs_err"], "fit_worst_abs_err": res["worst_abs_err"],
             "rms_log": res["rms_log"], "torch_threads": res.get("threads"),
             # the allocator policy `measure` ran under (core/host_memory.py); a run under another is not counted
@@ -470,7 +504,8 @@ def fit_cli(a) -> int:
               f"{res['cv']['n_prefills']} held-out prefills (median |error| {res['cv']['median_abs_err']:.1%})"
               f"{_anchor_line(res)}\n" +
               "\n".join(f"  {k} = {res['params'][k]:.4g}  (90 % {res['intervals'][k][0]:.3g}-"
-                        f"{res['intervals'][k][1]:.3g})" for k in res["free"]))
+                        f"{res['intervals'][k][1]:.3g})" + (f"  FLAG: {res['flags'][k]}" if k in res.get("flags", {})
+                                                            else "") for k in res["free"]))
     path = write_fit(fits, a.out, str(a.measurements), primary=getattr(a, "primary_dtype", None))
     chip = next(iter(fits.values()))["chip"]
     reg = register_host_fit(path, chip) if chip == host_chip() else None

@@ -17,7 +17,7 @@ TRUE = {**{f"call_s_{k}": v for k, v in zip(cm.CALL_KINDS, (4e-4, 6e-5, 5e-5, 2e
         "large_rows_half": 20.0, "bandwidth_bytes_s": 1.5e10, "attention_flops": 8.0e10, "attention_gemm_flops": 5.0e11,
         "lm_head_flops": 6.0e11, "lm_head_bytes_s": 4.0e9, "other_chunk_s": 5e-4, "other_layer_s": 8e-5,
         "op_s_experts_dynamic": 3e-4, "router_elem_s": 1.2e-8, "dispatch_row_s": 1.5e-7,
-        "hf_scan_s": 2.5e-9, "large_attention_flops": 1.5e12}
+        "hf_scan_s": 1e-7, "large_attention_flops": 1.5e12}
 
 
 def rec(kind, cost, shape=(), context=None):

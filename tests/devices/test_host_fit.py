@@ -160,3 +160,34 @@ def test_fit_device_records_the_malloc_policy_measure_ran_under(tmp_path):
     (folder / "measurements-fp32.yaml").write_text(yaml.safe_dump({"host": {"host_malloc": "system"}}))
     assert cpu_fit.measured_host(folder, "host_malloc") is None          # files that differ name no policy
     assert cpu_fit.measured_host(folder, "torch_threads") is None        # nor threads, where one file lacks them
+
+
+def test_a_parameter_driven_to_zero_gets_an_unidentified_interval_and_a_flag():
+    """A term negligible on every row has a zero Jacobian column: pinv of J^T J would give it zero variance (an
+    interval of zero width, read as pinned). It gets the clipped interval and a flag instead; the other
+    parameters' covariance is the one computed with it fixed (an independent fit setup), up to the dof."""
+    ops = synthetic_ops()
+    dead = {**TRUE, "call_s_scatter_part": 1e-18}          # its term: ~1e-13 of a scatter's price
+    noise = np.exp(np.random.default_rng(0).normal(0, 0.05, len(ops)))
+    y = cm.price_many(dead, ops) * noise
+    free = list(cm.PARAMS)
+    res = {"params": dead, "free": free}
+    cov = cpu_fit._covariance(ops, y, res)
+    res["intervals"] = cpu_fit._intervals(res, cov)
+    assert res["negligible"] == ["call_s_scatter_part"]
+    lo, hi = res["intervals"]["call_s_scatter_part"]
+    assert math.log(hi / lo) == pytest.approx(40.0)
+    flags = cpu_fit.parameter_flags(res)
+    assert list(flags) == ["call_s_scatter_part"] and "driven toward zero" in flags["call_s_scatter_part"]
+    # the rest: the covariance with that parameter not free at all, scaled by the residual's dof
+    rest = [k for k in free if k != "call_s_scatter_part"]
+    ref = cpu_fit._covariance(ops, y, {"params": dead, "free": rest})
+    i = [free.index(k) for k in rest]
+    n = len(ops)
+    assert cov[np.ix_(i, i)] * (n - len(free)) == pytest.approx(ref * (n - len(rest)), rel=1e-6, abs=1e-12)
+    j = free.index("call_s_scatter_part")
+    assert not np.any(np.delete(cov[j], j))                   # uncorrelated with the others
+    # a point where the term matters is not flagged
+    live = {"params": TRUE, "free": free}
+    live["intervals"] = cpu_fit._intervals(live, cpu_fit._covariance(ops, cm.price_many(TRUE, ops) * noise, live))
+    assert live["negligible"] == [] and cpu_fit.parameter_flags(live) == {}
