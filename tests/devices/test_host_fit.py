@@ -179,6 +179,9 @@ def test_a_parameter_driven_to_zero_gets_an_unidentified_interval_and_a_flag():
     assert math.log(hi / lo) == pytest.approx(40.0)
     flags = cpu_fit.parameter_flags(res)
     assert list(flags) == ["call_s_scatter_part"] and "driven toward zero" in flags["call_s_scatter_part"]
+    section = cpu_fit._model_section({**res, "flags": flags}, "a test")       # the fit file's entry says so
+    assert "FLAG: driven toward zero" in section["call_s_scatter_part"]["note"]
+    assert section["call_s_scatter_part"]["confidence"] == "L" and "FLAG" not in section["peak_flops"]["note"]
     # the rest: the covariance with that parameter not free at all, scaled by the residual's dof
     rest = [k for k in free if k != "call_s_scatter_part"]
     ref = cpu_fit._covariance(ops, y, {"params": dead, "free": rest})
