@@ -58,11 +58,11 @@ NEGLIGIBLE_SHARE = 1e-6
 CLIP_LOG = 20.0             # an unidentified parameter's 90 % interval: its point x e^+-20
 
 
-def _covariance(ops, y, res) -> np.ndarray:
-    """Covariance of the free log-parameters from J^T J (sigma^2 = residual variance): the Laplace (Gauss-Newton)
-    approximation of the fit's posterior, stated so (the Apple fits sample theirs with emcee). Parameters whose
-    Jacobian column is negligible on every row (NEGLIGIBLE_SHARE) are left out of J^T J and get the clipped
-    variance, uncorrelated; they are listed in res["negligible"]."""
+def _covariance(ops, y, res) -> tuple:
+    """(covariance, negligible): the covariance of the free log-parameters from J^T J (sigma^2 = residual
+    variance), the Laplace (Gauss-Newton) approximation of the fit's posterior, stated so (the Apple fits sample
+    theirs with emcee); and the parameters whose Jacobian column is negligible on every row (NEGLIGIBLE_SHARE),
+    which are left out of J^T J and get the clipped variance, uncorrelated."""
     ops = cpu_model.features(ops)          # once, not per Jacobian column
     p, free = res["params"], res["free"]
     x = np.array([math.log(p[k]) for k in free])
@@ -81,8 +81,7 @@ def _covariance(ops, y, res) -> np.ndarray:
     cov = np.zeros((len(free), len(free)))
     cov[np.ix_(live, live)] = np.linalg.pinv(J[:, live].T @ J[:, live]) * float(r0 @ r0) / dof
     cov[~live, ~live] = (CLIP_LOG / 1.645) ** 2
-    res["negligible"] = [k for k, ok in zip(free, live) if not ok]
-    return cov
+    return cov, [k for k, ok in zip(free, live) if not ok]
 
 
 def _intervals(res, cov) -> dict:
@@ -92,8 +91,9 @@ def _intervals(res, cov) -> dict:
 
 
 def parameter_flags(res) -> dict:
-    """{param: flag} of the fitted parameters a reader must not take at face value: driven toward zero (its term is
-    negligible on every row: the rows bound it from above only), or not identified (its 90 % interval clipped)."""
+    """{param: flag} of the fitted parameters a reader must not take at face value: driven toward zero (in
+    res["negligible"]: its term is negligible on every row, the rows bound it from above only), or not identified
+    (its 90 % interval clipped). The host fit's counterpart of fit_flags.parameter_flags, which needs priors."""
     out = {}
     for k in res["free"]:
         lo, hi = res["intervals"][k]
@@ -274,7 +274,7 @@ def fit_host(df, source: str = "", include_busy: bool = False, dtype: str | None
     recs = quiet.to_dict("records")
     ops, y = cpu_model.features([host_op(r) for r in recs]), quiet["measured_s"].to_numpy(float)
     res = cpu_model.fit(ops, y)
-    cov = _covariance(ops, y, res)
+    cov, res["negligible"] = _covariance(ops, y, res)
     res["intervals"] = _intervals(res, cov)
     res["flags"] = parameter_flags(res)
     res["cov_log"] = cov

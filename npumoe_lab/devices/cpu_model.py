@@ -215,7 +215,8 @@ def _engine_op(op) -> dict:
     rows = 1 if gemm is None else gemm[0]
     if kind == "experts_hf" and gemm is not None:
         # HF's eager loop scans the whole [K, T] assignment mask once per expert it hits (torch.where): hits x T*K
-        f["hf_scan"] = calls * (gemm[0] if op["gemm"] is not None else gemm[0] * calls)
+        assignments = gemm[0] if op["gemm"] is not None else gemm[0] * calls     # _gemm_of's rows: per expert
+        f["hf_scan"] = calls * assignments
     flops, nbytes, score_flops, chains, rate = op["flops"], op["bytes"], 0.0, calls, 0
     large = gemm is not None and gemm[1] * gemm[2] >= LARGE_GEMM_ELEMS
     if kind == "attention":

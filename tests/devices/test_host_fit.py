@@ -172,7 +172,7 @@ def test_a_parameter_driven_to_zero_gets_an_unidentified_interval_and_a_flag():
     y = cm.price_many(dead, ops) * noise
     free = list(cm.PARAMS)
     res = {"params": dead, "free": free}
-    cov = cpu_fit._covariance(ops, y, res)
+    cov, res["negligible"] = cpu_fit._covariance(ops, y, res)
     res["intervals"] = cpu_fit._intervals(res, cov)
     assert res["negligible"] == ["call_s_scatter_part"]
     lo, hi = res["intervals"]["call_s_scatter_part"]
@@ -184,7 +184,8 @@ def test_a_parameter_driven_to_zero_gets_an_unidentified_interval_and_a_flag():
     assert section["call_s_scatter_part"]["confidence"] == "L" and "FLAG" not in section["peak_flops"]["note"]
     # the rest: the covariance with that parameter not free at all, scaled by the residual's dof
     rest = [k for k in free if k != "call_s_scatter_part"]
-    ref = cpu_fit._covariance(ops, y, {"params": dead, "free": rest})
+    ref, none = cpu_fit._covariance(ops, y, {"params": dead, "free": rest})
+    assert none == []
     i = [free.index(k) for k in rest]
     n = len(ops)
     assert cov[np.ix_(i, i)] * (n - len(free)) == pytest.approx(ref * (n - len(rest)), rel=1e-6, abs=1e-12)
@@ -192,5 +193,6 @@ def test_a_parameter_driven_to_zero_gets_an_unidentified_interval_and_a_flag():
     assert not np.any(np.delete(cov[j], j))                   # uncorrelated with the others
     # a point where the term matters is not flagged
     live = {"params": TRUE, "free": free}
-    live["intervals"] = cpu_fit._intervals(live, cpu_fit._covariance(ops, cm.price_many(TRUE, ops) * noise, live))
+    cov, live["negligible"] = cpu_fit._covariance(ops, cm.price_many(TRUE, ops) * noise, live)
+    live["intervals"] = cpu_fit._intervals(live, cov)
     assert live["negligible"] == [] and cpu_fit.parameter_flags(live) == {}

@@ -7,6 +7,7 @@ import torch
 from npumoe_lab.devices import get_platform
 from npumoe_lab.errors import NpuMoeError
 from npumoe_lab.execution import head
+from npumoe_lab.execution.decode import run_decode
 from npumoe_lab.execution.runtime import PrefillConfig, chunked_prefill, run_prefill
 from tests.model_zoo import FAMILY_NAMES, tiny_model
 
@@ -66,7 +67,6 @@ def test_model_without_a_separate_head_is_refused():
 def test_decode_steps_project_their_token_only():
     """A pipeline decode step runs the prefill's static chunk (the token padded to it): one row projected, as the
     step's rest op records, not the padded chunk."""
-    from npumoe_lab.execution.decode import run_decode
     model = tiny_model("qwen3_moe")
     config = PrefillConfig(get_platform("cpu"), 16, attention="cpu")
     res = run_prefill(model, torch.arange(3, 23).view(1, -1), config)
